@@ -1,0 +1,60 @@
+# Helpers shared by every folder's CMakeLists.txt.
+#
+# ringtrain_add_library(<name> SOURCES ... [CUDA_SOURCES ...] [CPU_ONLY_SOURCES ...]
+#                       [PUBLIC_DEPS ...] [PRIVATE_DEPS ...])
+#   Builds target ringtrain_<name>, alias ringtrain::<name>, exported as ringtrain::<name>.
+#   CUDA_SOURCES are compiled when the build has CUDA, CPU_ONLY_SOURCES otherwise
+#   (the files that say "this build has no CUDA"). Public headers are the folder's
+#   *.h files, installed under include/ringtrain/<name>/ so that includes read
+#   "tensor/tensor.h" both in the tree and after install.
+function(ringtrain_add_library name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;CUDA_SOURCES;CPU_ONLY_SOURCES;PUBLIC_DEPS;PRIVATE_DEPS" ${ARGN})
+  set(sources ${ARG_SOURCES})
+  if(RINGTRAIN_HAS_CUDA)
+    list(APPEND sources ${ARG_CUDA_SOURCES})
+  else()
+    list(APPEND sources ${ARG_CPU_ONLY_SOURCES})
+  endif()
+  add_library(ringtrain_${name} ${sources})
+  add_library(ringtrain::${name} ALIAS ringtrain_${name})
+  set_target_properties(ringtrain_${name} PROPERTIES EXPORT_NAME ${name} OUTPUT_NAME ringtrain_${name})
+  target_include_directories(ringtrain_${name} PUBLIC
+    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
+    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}/ringtrain>)
+  target_compile_features(ringtrain_${name} PUBLIC cxx_std_20)
+  target_link_libraries(ringtrain_${name} PUBLIC ${ARG_PUBLIC_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
+  target_compile_options(ringtrain_${name} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
+  if(RINGTRAIN_NATIVE)
+    target_compile_options(ringtrain_${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-march=native>)
+  endif()
+  if(RINGTRAIN_HAS_CUDA)
+    target_compile_definitions(ringtrain_${name} PUBLIC RINGTRAIN_WITH_CUDA=1)
+    target_compile_options(ringtrain_${name} PRIVATE
+      $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -Xcompiler=-Wno-unused-parameter>)
+  endif()
+  install(TARGETS ringtrain_${name} EXPORT ringtrainTargets
+          ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+          LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+          RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+  file(GLOB_RECURSE headers RELATIVE ${CMAKE_CURRENT_SOURCE_DIR} ${CMAKE_CURRENT_SOURCE_DIR}/*.h)
+  foreach(header ${headers})
+    get_filename_component(subdir ${header} DIRECTORY)
+    install(FILES ${header} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/ringtrain/${name}/${subdir})
+  endforeach()
+endfunction()
+
+# ringtrain_add_gtest(<name> SOURCES ... DEPS ... [LABELS unit|cuda|...])
+#   One GoogleTest executable; each TEST becomes a CTest test (gtest_discover_tests,
+#   discovered before the tests run so the build never executes test binaries).
+function(ringtrain_add_gtest name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;LABELS" ${ARGN})
+  if(NOT ARG_LABELS)
+    set(ARG_LABELS unit)
+  endif()
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
+  target_compile_options(${name} PRIVATE -Wall -Wextra -Wno-unused-parameter)
+  gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
+                       PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT 300)
+endfunction()

@@ -1,0 +1,121 @@
+// runtime.h: CUDA devices, streams, events and the caching allocator, as plain C++
+// types that compile without CUDA headers.
+//
+// defines: is_available, device_count, Stream, Event, current_stream /
+//          set_current_stream / StreamGuard, CachingAllocator entry points.
+//
+// Handles are stored as opaque pointers so that code which never touches a GPU
+// (comm, ddp, the CPU-only build) can still name these types. With CUDA the
+// definitions are in tensor/cuda/runtime.cc and caching_allocator.cc; without it,
+// tensor/cuda/cuda_unavailable.cc defines them to report "no GPU" and to throw
+// a clear error ("this build has no CUDA; rebuild with -DRINGTRAIN_CUDA=ON") if
+// a GPU resource is actually requested.
+//
+// Streams: every device has a "current stream" per host thread (the legacy
+// default stream until set). Kernels and copies launched by ops run on it. DDP
+// runs its allreduces on a stream of its own and orders them after the backward
+// kernels with Event::record + Stream::wait, never with a host sync.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tensor/device.h"
+#include "tensor/storage.h"
+
+namespace ringtrain::cuda {
+
+// True when this build has CUDA and the runtime reports at least one device.
+// Any runtime error (no driver, no device) reads as false; never throws.
+bool is_available();
+int device_count();  // 0 when !is_available()
+// Why CUDA is not usable, for skip messages: "this build has no CUDA", or the runtime's error.
+const char* unavailable_reason();
+void set_device(int index);
+void synchronize_device(int index);
+
+class Stream {
+ public:
+  // The legacy default stream of `device`.
+  static Stream default_stream(int device);
+  // A new non-blocking stream owned by this object (destroyed with it).
+  static Stream create(int device, int priority = 0);
+  Stream() = default;
+  ~Stream();
+  Stream(Stream&& other) noexcept;
+  Stream& operator=(Stream&& other) noexcept;
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  // A non-owning copy of this stream's handle (for current_stream and queues).
+  Stream borrow() const;
+  // A non-owning Stream for a cudaStream_t owned elsewhere (nullptr = legacy default stream).
+  static Stream borrowed(void* handle, int device);
+
+  void* handle() const { return handle_; }  // cudaStream_t
+  int device() const { return device_; }
+  void synchronize() const;
+  bool query() const;  // true when all work queued so far has finished
+  // Make future work on this stream wait for `event` (device-side, no host sync).
+  void wait(const class Event& event) const;
+
+ private:
+  void* handle_ = nullptr;
+  int device_ = 0;
+  bool owned_ = false;
+};
+
+class Event {
+ public:
+  Event() = default;
+  static Event create(int device, bool enable_timing = false);
+  ~Event();
+  Event(Event&& other) noexcept;
+  Event& operator=(Event&& other) noexcept;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+
+  void record(const Stream& stream);
+  void synchronize() const;
+  bool query() const;
+  float elapsed_ms(const Event& end) const;  // both created with timing enabled
+  void* handle() const { return handle_; }  // cudaEvent_t
+
+ private:
+  void* handle_ = nullptr;
+  int device_ = 0;
+};
+
+// The stream ops launch on for `device` in this thread.
+Stream current_stream(int device);
+void set_current_stream(const Stream& stream);
+
+// Sets the current stream for a scope and restores the previous one after.
+class StreamGuard {
+ public:
+  explicit StreamGuard(const Stream& stream);
+  ~StreamGuard();
+  StreamGuard(const StreamGuard&) = delete;
+  StreamGuard& operator=(const StreamGuard&) = delete;
+
+ private:
+  void* previous_ = nullptr;
+  int device_ = 0;
+};
+
+// ---- caching allocator (PyTorch-style): blocks are kept per (device, stream) and
+// reused, so a training step performs no cudaMalloc after its first iteration.
+DataPtr caching_allocate(size_t nbytes, int device);
+// Page-locked host memory (cudaHostAlloc), cached the same way.
+DataPtr pinned_host_allocate(size_t nbytes);
+
+struct AllocatorStats {
+  uint64_t cuda_malloc_calls = 0;  // cudaMalloc calls made since start
+  uint64_t allocations = 0;        // caching_allocate calls served
+  uint64_t cache_hits = 0;         // served from a cached block
+  size_t bytes_reserved = 0;       // held from cudaMalloc, in use or cached
+  size_t bytes_in_use = 0;
+};
+AllocatorStats allocator_stats(int device);
+void empty_cache();  // returns cached (unused) blocks to the driver
+
+}  // namespace ringtrain::cuda

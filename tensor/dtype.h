@@ -1,0 +1,96 @@
+// dtype.h: the element types a Tensor (and a collective buffer) can hold.
+//
+// defines: DType, dtype_size, dtype_name, parse_dtype, is_floating_point,
+//          Half/BFloat16 storage types with float conversions, dispatch_dtype.
+//
+// Half and BFloat16 are 16-bit storage types with the same bit layout as CUDA's
+// __half / __nv_bfloat16 and Eigen::half / Eigen::bfloat16. Arithmetic on them
+// always goes through float (compute in f32, round on store), which is what
+// both PyTorch's CPU kernels and cuBLAS with f32 accumulation do.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace ringtrain {
+
+enum class DType : uint8_t { kFloat32, kFloat64, kFloat16, kBFloat16, kInt32, kInt64 };
+
+inline constexpr DType kAllDTypes[] = {DType::kFloat32, DType::kFloat64, DType::kFloat16,
+                                       DType::kBFloat16, DType::kInt32, DType::kInt64};
+
+size_t dtype_size(DType dtype);
+// "float32", "float64", "float16", "bfloat16", "int32", "int64".
+const char* dtype_name(DType dtype);
+// Accepts the names above and the usual short forms (f32, fp32, half, bf16, int, long...).
+// Throws std::invalid_argument listing the accepted names.
+DType parse_dtype(std::string_view name);
+bool is_floating_point(DType dtype);
+
+// IEEE binary16 storage. Conversions round to nearest even.
+struct Half {
+  uint16_t bits = 0;
+  Half() = default;
+  explicit Half(float value);
+  explicit operator float() const;
+};
+
+// bfloat16 storage: the top 16 bits of an f32. Conversions round to nearest even.
+struct BFloat16 {
+  uint16_t bits = 0;
+  BFloat16() = default;
+  explicit BFloat16(float value);
+  explicit operator float() const;
+};
+
+float half_bits_to_float(uint16_t bits);
+uint16_t float_to_half_bits(float value);
+float bfloat16_bits_to_float(uint16_t bits);
+uint16_t float_to_bfloat16_bits(float value);
+
+inline Half::Half(float value) : bits(float_to_half_bits(value)) {}
+inline Half::operator float() const { return half_bits_to_float(bits); }
+inline BFloat16::BFloat16(float value) : bits(float_to_bfloat16_bits(value)) {}
+inline BFloat16::operator float() const { return bfloat16_bits_to_float(bits); }
+
+// The C++ type stored for each DType.
+template <DType D> struct DTypeTraits;
+template <> struct DTypeTraits<DType::kFloat32> { using type = float; };
+template <> struct DTypeTraits<DType::kFloat64> { using type = double; };
+template <> struct DTypeTraits<DType::kFloat16> { using type = Half; };
+template <> struct DTypeTraits<DType::kBFloat16> { using type = BFloat16; };
+template <> struct DTypeTraits<DType::kInt32> { using type = int32_t; };
+template <> struct DTypeTraits<DType::kInt64> { using type = int64_t; };
+
+template <typename T> constexpr DType dtype_of();
+template <> constexpr DType dtype_of<float>() { return DType::kFloat32; }
+template <> constexpr DType dtype_of<double>() { return DType::kFloat64; }
+template <> constexpr DType dtype_of<Half>() { return DType::kFloat16; }
+template <> constexpr DType dtype_of<BFloat16>() { return DType::kBFloat16; }
+template <> constexpr DType dtype_of<int32_t>() { return DType::kInt32; }
+template <> constexpr DType dtype_of<int64_t>() { return DType::kInt64; }
+
+// The type arithmetic is done in for a storage type: float for the 16-bit
+// floats, the type itself otherwise.
+template <typename T> struct ComputeType { using type = T; };
+template <> struct ComputeType<Half> { using type = float; };
+template <> struct ComputeType<BFloat16> { using type = float; };
+
+// Calls fn(T{}) with T the storage type of `dtype`:
+//   dispatch_dtype(t.dtype(), [&](auto tag) { using T = decltype(tag); ... });
+template <typename Fn>
+decltype(auto) dispatch_dtype(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kFloat32: return fn(float{});
+    case DType::kFloat64: return fn(double{});
+    case DType::kFloat16: return fn(Half{});
+    case DType::kBFloat16: return fn(BFloat16{});
+    case DType::kInt32: return fn(int32_t{});
+    case DType::kInt64: return fn(int64_t{});
+  }
+  return fn(float{});  // unreachable: every enumerator is handled above
+}
+
+}  // namespace ringtrain

@@ -1,0 +1,211 @@
+// safetensors.cc: reader and writer for the safetensors format (see safetensors.h).
+// The JSON header is parsed and produced with nlohmann-json.
+#include "tensor/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "tensor/checks.h"
+
+namespace ringtrain {
+
+namespace {
+constexpr uint64_t kMaxHeaderBytes = 100u << 20;  // the Python reader's limit too
+
+// Closes a file descriptor when it goes out of scope.
+class FileDescriptor {
+ public:
+  explicit FileDescriptor(int fd) : fd_(fd) {}
+  ~FileDescriptor() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
+void write_all(int fd, const char* data, size_t n, const std::string& path) {
+  while (n > 0) {
+    ssize_t written = ::write(fd, data, n);
+    if (written < 0 && errno == EINTR) continue;
+    RT_CHECK(written > 0, "write_file_atomically: writing ", path, " failed: ", std::strerror(errno));
+    data += written;
+    n -= static_cast<size_t>(written);
+  }
+}
+}  // namespace
+
+void write_file_atomically(const std::string& path, const std::string& bytes) {
+  namespace fs = std::filesystem;
+  fs::path target(path);
+  fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  std::string temp = (dir / ("." + target.filename().string() + ".tmp." + std::to_string(::getpid()))).string();
+  {
+    FileDescriptor fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    RT_CHECK(fd.get() >= 0, "write_file_atomically: cannot create ", temp, ": ", std::strerror(errno),
+             " (does the directory exist and is it writable?)");
+    try {
+      write_all(fd.get(), bytes.data(), bytes.size(), temp);
+      RT_CHECK(::fsync(fd.get()) == 0, "write_file_atomically: fsync of ", temp, " failed: ",
+               std::strerror(errno));
+    } catch (...) {
+      ::unlink(temp.c_str());
+      throw;
+    }
+    RT_CHECK(::close(fd.release()) == 0, "write_file_atomically: close of ", temp, " failed: ",
+             std::strerror(errno));
+  }
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(temp.c_str());
+    RT_CHECK(false, "write_file_atomically: rename ", temp, " -> ", path, " failed: ", std::strerror(err));
+  }
+  // Make the rename itself durable.
+  FileDescriptor dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dir_fd.get() >= 0) ::fsync(dir_fd.get());
+}
+
+const char* safetensors_dtype_code(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return "F32";
+    case DType::kFloat64: return "F64";
+    case DType::kFloat16: return "F16";
+    case DType::kBFloat16: return "BF16";
+    case DType::kInt32: return "I32";
+    case DType::kInt64: return "I64";
+  }
+  return "?";
+}
+
+DType dtype_from_safetensors_code(const std::string& code) {
+  for (DType dtype : kAllDTypes)
+    if (code == safetensors_dtype_code(dtype)) return dtype;
+  throw Error("safetensors: unsupported dtype '" + code +
+              "' (ringtrain reads F32, F64, F16, BF16, I32, I64)");
+}
+
+const Tensor& SafetensorsFile::at(const std::string& name) const {
+  for (const auto& [key, tensor] : tensors)
+    if (key == name) return tensor;
+  std::string keys;
+  for (const auto& entry : tensors) keys += (keys.empty() ? "" : ", ") + entry.first;
+  throw Error("safetensors: no tensor named '" + name + "' (file has: " + keys + ")");
+}
+
+void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::set<std::string> names;
+  std::vector<Tensor> host;
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    RT_CHECK(!name.empty() && name != "__metadata__", "save_safetensors: invalid tensor name '", name,
+             "' for ", path);
+    RT_CHECK(names.insert(name).second, "save_safetensors: duplicate tensor name '", name, "' for ", path);
+    RT_CHECK(tensor.defined(), "save_safetensors: tensor '", name, "' is undefined");
+    Tensor contiguous = tensor.to(Device::cpu()).contiguous();
+    uint64_t nbytes = contiguous.nbytes();
+    header[name] = {{"dtype", safetensors_dtype_code(tensor.dtype())},
+                    {"shape", tensor.shape()},
+                    {"data_offsets", {offset, offset + nbytes}}};
+    offset += nbytes;
+    host.push_back(std::move(contiguous));
+  }
+  std::string json = header.dump();
+  json.append((8 - json.size() % 8) % 8, ' ');  // keep the data 8-byte aligned, as safetensors does
+  std::string bytes(8, '\0');
+  uint64_t header_size = json.size();
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header_size >> (8 * i)) & 0xff);
+  bytes += json;
+  bytes.reserve(bytes.size() + offset);
+  for (const Tensor& t : host)
+    if (t.numel() > 0) bytes.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
+  write_file_atomically(path, bytes);
+}
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  RT_CHECK(in.good(), "load_safetensors: cannot open ", path, ": ", std::strerror(errno));
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto fail = [&](const std::string& what) -> Error {
+    return Error("load_safetensors: " + path + " is not a valid safetensors file: " + what);
+  };
+  if (bytes.size() < 8) throw fail("only " + std::to_string(bytes.size()) + " bytes (truncated?)");
+  uint64_t header_size = 0;
+  for (int i = 0; i < 8; ++i) header_size |= static_cast<uint64_t>(static_cast<uint8_t>(bytes[i])) << (8 * i);
+  if (header_size > kMaxHeaderBytes || header_size > bytes.size() - 8)
+    throw fail("header length " + std::to_string(header_size) + " exceeds the file size " +
+               std::to_string(bytes.size()) + " (truncated or corrupt)");
+  nlohmann::ordered_json header;
+  try {
+    header = nlohmann::ordered_json::parse(bytes.begin() + 8, bytes.begin() + 8 + header_size);
+  } catch (const nlohmann::json::exception& e) {
+    throw fail(std::string("header is not valid JSON: ") + e.what());
+  }
+  if (!header.is_object()) throw fail("header is not a JSON object");
+  const uint64_t data_size = bytes.size() - 8 - header_size;
+  const char* data = bytes.data() + 8 + header_size;
+
+  SafetensorsFile file;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    const auto& entry = it.value();
+    if (name == "__metadata__") {
+      if (!entry.is_object()) throw fail("__metadata__ is not an object");
+      for (auto m = entry.begin(); m != entry.end(); ++m) {
+        if (!m.value().is_string()) throw fail("__metadata__ value for '" + m.key() + "' is not a string");
+        file.metadata[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    try {
+      DType dtype = dtype_from_safetensors_code(entry.at("dtype").get<std::string>());
+      Shape shape = entry.at("shape").get<Shape>();
+      auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
+      for (int64_t s : shape)
+        if (s < 0) throw fail("tensor '" + name + "' has a negative dim");
+      if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] > data_size)
+        throw fail("tensor '" + name + "' has data_offsets outside the " + std::to_string(data_size) +
+                   "-byte data section (truncated?)");
+      uint64_t expected = static_cast<uint64_t>(shape_numel(shape)) * dtype_size(dtype);
+      if (offsets[1] - offsets[0] != expected)
+        throw fail("tensor '" + name + "' " + dtype_name(dtype) + shape_str(shape) + " needs " +
+                   std::to_string(expected) + " bytes but its offsets span " +
+                   std::to_string(offsets[1] - offsets[0]));
+      ranges.emplace_back(offsets[0], offsets[1]);
+      Tensor t = Tensor::empty(shape, dtype);
+      if (expected > 0) std::memcpy(t.data_ptr(), data + offsets[0], expected);
+      file.tensors.emplace_back(name, std::move(t));
+    } catch (const nlohmann::json::exception& e) {
+      throw fail("entry '" + name + "' is malformed: " + e.what());
+    } catch (const Error& e) {
+      if (std::string(e.what()).rfind("load_safetensors", 0) == 0) throw;
+      throw fail("entry '" + name + "': " + e.what());
+    }
+  }
+  // The tensors must tile the data section exactly, as the format requires.
+  std::sort(ranges.begin(), ranges.end());
+  uint64_t expected_begin = 0;
+  for (const auto& [begin, end] : ranges) {
+    if (begin != expected_begin) throw fail("tensor data regions overlap or leave gaps");
+    expected_begin = end;
+  }
+  if (expected_begin != data_size)
+    throw fail(std::to_string(data_size - expected_begin) + " trailing bytes after the last tensor");
+  return file;
+}
+
+}  // namespace ringtrain
