@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The whole test suite from a fresh clone: installs what is missing, builds, runs ctest.
+# Extra arguments go to ctest, e.g. `bash scripts/test.sh -L unit` or `-R safetensors`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # mpirun as root (CI runs as root)
+ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure --timeout 600 -j "${CTEST_JOBS:-2}" "$@"

@@ -1,0 +1,172 @@
+// safetensors reader/writer: round trips, the exact on-disk layout the Python
+// package expects, and clear errors for truncated or corrupt files.
+#include "tensor/safetensors.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tensor/ops.h"
+
+namespace ringtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+class SafetensorsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("ringtrain_safetensors_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  static std::string read_bytes(const std::string& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  static void write_bytes(const std::string& p, const std::string& bytes) {
+    std::ofstream out(p, std::ios::binary);
+    out << bytes;
+  }
+  // A file in the format's own terms: u64 header length, JSON, data.
+  static std::string make_file(const std::string& json, const std::string& data) {
+    std::string bytes(8, '\0');
+    uint64_t n = json.size();
+    for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+    return bytes + json + data;
+  }
+  void expect_load_error(const std::string& p, const std::string& fragment) {
+    try {
+      load_safetensors(p);
+      FAIL() << "expected an error containing '" << fragment << "'";
+    } catch (const Error& e) {
+      std::string msg = e.what();
+      EXPECT_NE(msg.find(p), std::string::npos) << msg;
+      EXPECT_NE(msg.find(fragment), std::string::npos) << msg;
+    }
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(SafetensorsTest, RoundTripsEveryDTypeAndMetadata) {
+  Generator gen(7);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (DType dtype : kAllDTypes) {
+    Tensor t = is_floating_point(dtype) ? randn({3, 5}, gen).to(dtype)
+                                        : arange(-7, 8, 1, dtype).reshape({3, 5});
+    tensors.emplace_back(std::string("t_") + dtype_name(dtype), t);
+  }
+  tensors.emplace_back("empty", zeros({0, 4}));
+  tensors.emplace_back("scalar", scalar_tensor(2.5));
+  save_safetensors(path("a.safetensors"), tensors, {{"step", "12"}, {"format", "pt"}});
+
+  SafetensorsFile file = load_safetensors(path("a.safetensors"));
+  ASSERT_EQ(file.tensors.size(), tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    EXPECT_EQ(file.tensors[i].first, tensors[i].first);
+    const Tensor& got = file.tensors[i].second;
+    EXPECT_EQ(got.dtype(), tensors[i].second.dtype());
+    EXPECT_EQ(got.shape(), tensors[i].second.shape());
+    EXPECT_EQ(got.to_vector<double>(), tensors[i].second.to_vector<double>()) << tensors[i].first;
+  }
+  EXPECT_EQ(file.metadata.at("step"), "12");
+  EXPECT_EQ(file.metadata.at("format"), "pt");
+  EXPECT_EQ(file.at("scalar").item(), 2.5);
+  EXPECT_THROW(file.at("nope"), Error);
+}
+
+TEST_F(SafetensorsTest, SavesNonContiguousViewsByValue) {
+  Tensor base = arange(0, 12, 1, DType::kFloat32).reshape({3, 4});
+  Tensor view = base.t().slice(0, 1, 4, 2);  // [2, 3] strided view
+  save_safetensors(path("v.safetensors"), {{"v", view}});
+  Tensor got = load_safetensors(path("v.safetensors")).at("v");
+  EXPECT_EQ(got.shape(), (Shape{2, 3}));
+  EXPECT_EQ(got.to_vector<float>(), view.to_vector<float>());
+}
+
+TEST_F(SafetensorsTest, WritesTheExactLayoutPythonReads) {
+  save_safetensors(path("x.safetensors"), {{"x", Tensor::from_vector<float>({1.0f, 2.0f}, {2})}});
+  std::string bytes = read_bytes(path("x.safetensors"));
+  std::string json = R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  json.append((8 - json.size() % 8) % 8, ' ');
+  float values[2] = {1.0f, 2.0f};
+  EXPECT_EQ(bytes, make_file(json, std::string(reinterpret_cast<char*>(values), 8)));
+}
+
+TEST_F(SafetensorsTest, ReadsAHandWrittenFileWithOutOfOrderEntries) {
+  int32_t ints[3] = {4, -5, 6};
+  double d = 0.25;
+  std::string data(reinterpret_cast<char*>(&d), 8);
+  data += std::string(reinterpret_cast<char*>(ints), 12);
+  std::string json = R"({"b":{"dtype":"I32","shape":[3],"data_offsets":[8,20]},)"
+                     R"("__metadata__":{"k":"v"},"a":{"dtype":"F64","shape":[],"data_offsets":[0,8]}})";
+  write_bytes(path("h.safetensors"), make_file(json, data));
+  SafetensorsFile file = load_safetensors(path("h.safetensors"));
+  EXPECT_EQ(file.at("b").to_vector<int32_t>(), (std::vector<int32_t>{4, -5, 6}));
+  EXPECT_EQ(file.at("a").item(), 0.25);
+  EXPECT_EQ(file.metadata.at("k"), "v");
+}
+
+TEST_F(SafetensorsTest, TruncatedFileIsRejectedWithItsName) {
+  save_safetensors(path("t.safetensors"), {{"w", ones({16})}});
+  std::string bytes = read_bytes(path("t.safetensors"));
+  write_bytes(path("t.safetensors"), bytes.substr(0, bytes.size() - 5));
+  expect_load_error(path("t.safetensors"), "truncated");
+  write_bytes(path("t.safetensors"), bytes.substr(0, 4));
+  expect_load_error(path("t.safetensors"), "truncated");
+  write_bytes(path("t.safetensors"), bytes.substr(0, 20));  // cut inside the header
+  expect_load_error(path("t.safetensors"), "exceeds the file size");
+}
+
+TEST_F(SafetensorsTest, CorruptHeadersAreRejected) {
+  write_bytes(path("c.safetensors"), make_file("{not json", ""));
+  expect_load_error(path("c.safetensors"), "not valid JSON");
+  write_bytes(path("c.safetensors"), make_file(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})",
+                                               std::string(8, '\0')));
+  expect_load_error(path("c.safetensors"), "needs 12 bytes");
+  write_bytes(path("c.safetensors"), make_file(R"({"w":{"dtype":"Q8","shape":[1],"data_offsets":[0,1]}})",
+                                               std::string(1, '\0')));
+  expect_load_error(path("c.safetensors"), "unsupported dtype 'Q8'");
+  write_bytes(path("c.safetensors"),
+              make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                        R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                        std::string(12, '\0')));
+  expect_load_error(path("c.safetensors"), "overlap");
+  write_bytes(path("c.safetensors"), make_file(R"({"w":{"dtype":"F32","shape":[1]}})", std::string(4, '\0')));
+  expect_load_error(path("c.safetensors"), "malformed");
+}
+
+TEST_F(SafetensorsTest, MissingFileAndDirectoryNameThePath) {
+  expect_load_error(path("absent.safetensors"), "cannot open");
+  std::string bad = path("no/such/dir/x.safetensors");
+  try {
+    save_safetensors(bad, {{"w", ones({1})}});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no/such/dir"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(SafetensorsTest, SaveReplacesAtomicallyAndLeavesNoTemporaryFiles) {
+  save_safetensors(path("m.safetensors"), {{"w", ones({4})}});
+  save_safetensors(path("m.safetensors"), {{"w", full({4}, 3.0)}});
+  EXPECT_EQ(load_safetensors(path("m.safetensors")).at("w").to_vector<float>(),
+            (std::vector<float>{3, 3, 3, 3}));
+  int files = 0;
+  for (const auto& entry : fs::directory_iterator(dir_)) {
+    ++files;
+    EXPECT_EQ(entry.path().filename(), "m.safetensors");
+  }
+  EXPECT_EQ(files, 1);
+  EXPECT_THROW(save_safetensors(path("d.safetensors"), {{"w", ones({1})}, {"w", ones({1})}}), Error);
+}
+
+}  // namespace
+}  // namespace ringtrain
