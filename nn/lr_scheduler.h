@@ -1,0 +1,90 @@
+// lr_scheduler.h: learning-rate schedules that set each param group's "lr".
+//
+// defines: LRScheduler (base: step(), last_epoch, get_last_lr, state_dict as
+//          JSON), StepLR, CosineAnnealingLR, LinearWarmup (linear ramp then
+//          hand-over to an optional inner schedule).
+//
+// Where it sits: the training loop calls optimizer.step() then scheduler.step()
+// once per epoch (or per iteration, the user's choice). A schedule computes the
+// lr from (base_lrs, last_epoch) in closed form, so restoring `last_epoch` from a
+// checkpoint restores the exact lr sequence; the JSON state is
+// {"type", "last_epoch", "base_lrs": [...]}. Constructing a schedule records the
+// groups' current lr as base_lrs and applies epoch 0's lr (PyTorch does the same).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "nn/optim.h"
+
+namespace ringtrain::nn {
+
+class LRScheduler {
+ public:
+  LRScheduler(std::string type_name, Optimizer& optimizer);
+  virtual ~LRScheduler() = default;
+
+  // Advances one epoch and writes the new lr into every param group.
+  void step();
+  int64_t last_epoch() const { return last_epoch_; }
+  std::vector<double> get_last_lr() const;
+  // The lr of group `group` at epoch `epoch` (closed form).
+  virtual double lr_at(int64_t epoch, size_t group) const = 0;
+
+  nlohmann::json state_dict() const;
+  // Throws when the type or the number of groups differ; then applies the lr.
+  void load_state_dict(const nlohmann::json& state);
+
+ protected:
+  void apply();  // writes lr_at(last_epoch_) into the groups
+
+  std::string type_name_;          // "StepLR", ...; checked on load
+  Optimizer* optimizer_;           // not owned; must outlive the schedule
+  std::vector<double> base_lrs_;   // each group's lr when the schedule was made
+  int64_t last_epoch_ = 0;         // number of step() calls so far
+};
+
+// lr = base * gamma^(epoch / step_size).
+class StepLR : public LRScheduler {
+ public:
+  StepLR(Optimizer& optimizer, int64_t step_size, double gamma = 0.1);
+  double lr_at(int64_t epoch, size_t group) const override;
+
+ private:
+  int64_t step_size_;
+  double gamma_;
+};
+
+// lr = eta_min + (base - eta_min) * (1 + cos(pi * epoch / t_max)) / 2, epoch clamped to t_max.
+class CosineAnnealingLR : public LRScheduler {
+ public:
+  CosineAnnealingLR(Optimizer& optimizer, int64_t t_max, double eta_min = 0.0);
+  double lr_at(int64_t epoch, size_t group) const override;
+
+ private:
+  int64_t t_max_;
+  double eta_min_;
+};
+
+// Linear warm-up: lr = base * (start_factor + (1 - start_factor) * epoch / warmup_steps)
+// for epoch < warmup_steps; afterwards base_lr, or, with an `after` schedule
+// factory, that schedule's lr at (epoch - warmup_steps). Example: warm-up then cosine:
+//   LinearWarmup(opt, 5, 0.1, /*after_t_max=*/95)  (cosine over the remaining 95).
+class LinearWarmup : public LRScheduler {
+ public:
+  // after_t_max > 0: cosine-anneal to after_eta_min over after_t_max epochs after the warm-up.
+  LinearWarmup(Optimizer& optimizer, int64_t warmup_steps, double start_factor = 0.0,
+               int64_t after_t_max = 0, double after_eta_min = 0.0);
+  double lr_at(int64_t epoch, size_t group) const override;
+
+ private:
+  int64_t warmup_steps_;
+  double start_factor_;
+  int64_t after_t_max_;
+  double after_eta_min_;
+};
+
+}  // namespace ringtrain::nn
