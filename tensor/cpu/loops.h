@@ -1,0 +1,239 @@
+// loops.h: shared machinery of the CPU kernels (private to tensor/cpu/*.cc).
+//
+// defines: fast scalar conversions between the storage types and their compute
+//          types (Half/BFloat16 <-> float with F16C when the build has it),
+//          bulk conversions of runs of 16-bit floats, and StridedLoop: the N-d
+//          iterator every elementwise-style kernel is built on.
+//
+// StridedLoop takes a shape and, for each of N operands, strides in elements. It
+// drops size-1 dims, optionally orders the dims by one operand's strides (so that
+// operand is walked in memory order), and coalesces neighbouring dims that are
+// contiguous with each other in *every* operand: a contiguous [64, 128, 256]
+// tensor becomes one run of 2M elements, a transposed view stays 2-D. The kernel
+// sees only the innermost run: inner(ptrs, byte_strides, n), so it can pick a
+// tight loop when every stride equals the element size (GCC vectorises those)
+// and a scalar strided loop otherwise. Cost: one call per innermost run, plus an
+// odometer step over the outer dims.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <type_traits>
+#include <vector>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#include "tensor/dtype.h"
+#include "tensor/tensor.h"
+
+namespace ringtrain::kernels::cpu::detail {
+
+// ---------------------------------------------------------------- scalar conversions
+
+inline float half_to_float(Half h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h.bits);
+#else
+  return half_bits_to_float(h.bits);
+#endif
+}
+inline Half float_to_half(float f) {
+  Half h;
+#if defined(__F16C__)
+  h.bits = static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT));
+#else
+  h.bits = float_to_half_bits(f);
+#endif
+  return h;
+}
+inline float bf16_to_float(BFloat16 b) {
+  uint32_t u = static_cast<uint32_t>(b.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+// Round to nearest even; NaN stays a (quiet) NaN.
+inline BFloat16 float_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  BFloat16 b;
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    b.bits = static_cast<uint16_t>((u >> 16) | 0x40u);
+  } else {
+    u += 0x7fffu + ((u >> 16) & 1u);
+    b.bits = static_cast<uint16_t>(u >> 16);
+  }
+  return b;
+}
+
+template <typename T>
+inline constexpr bool kIsReduced = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
+template <typename T>
+inline constexpr bool kIsFloat = kIsReduced<T> || std::is_floating_point_v<T>;
+
+template <typename T>
+using Compute = typename ComputeType<T>::type;
+
+// Storage -> compute type.
+template <typename T>
+inline Compute<T> load(T v) {
+  if constexpr (std::is_same_v<T, Half>) return half_to_float(v);
+  else if constexpr (std::is_same_v<T, BFloat16>) return bf16_to_float(v);
+  else return v;
+}
+// Any arithmetic value -> storage type (through float for the 16-bit floats).
+template <typename T, typename V>
+inline T store(V v) {
+  if constexpr (std::is_same_v<T, Half>) return float_to_half(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, BFloat16>) return float_to_bf16(static_cast<float>(v));
+  else return static_cast<T>(v);
+}
+// Any storage type -> any storage type.
+template <typename D, typename S>
+inline D convert(S s) {
+  if constexpr (std::is_same_v<D, S>) return s;
+  else return store<D>(load(s));
+}
+
+// ---------------------------------------------------------------- bulk conversions
+// n values with element strides (1 = contiguous) between a storage type and its compute type.
+
+template <typename T>
+inline void load_run(const T* src, int64_t stride, Compute<T>* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__) && defined(__AVX__)
+  if constexpr (std::is_same_v<T, Half>) {
+    if (stride == 1) {
+      for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+      }
+    }
+  }
+#endif
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    if (stride == 1) {
+      const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
+      for (; i < n; ++i) {
+        uint32_t u = static_cast<uint32_t>(s[i]) << 16;
+        std::memcpy(dst + i, &u, sizeof(float));
+      }
+    }
+  }
+  for (; i < n; ++i) dst[i] = load(src[i * stride]);
+}
+
+template <typename T>
+inline void store_run(const Compute<T>* src, T* dst, int64_t stride, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__) && defined(__AVX__)
+  if constexpr (std::is_same_v<T, Half>) {
+    if (stride == 1) {
+      for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
+      }
+    }
+  }
+#endif
+  for (; i < n; ++i) dst[i * stride] = store<T>(src[i]);
+}
+
+// ---------------------------------------------------------------- the strided loop
+
+template <int N>
+class StridedLoop {
+ public:
+  // `strides[k]` are operand k's strides in elements for `shape`; elem_size[k] its element size.
+  // sort_by >= 0 orders the dims by that operand's |stride|, largest outermost.
+  StridedLoop(const Shape& shape, const std::array<const Shape*, N>& strides,
+              const std::array<int64_t, N>& elem_size, int sort_by = -1) {
+    std::vector<int64_t> dims;
+    for (size_t d = 0; d < shape.size(); ++d) {
+      if (shape[d] != 1) dims.push_back(static_cast<int64_t>(d));
+    }
+    if (sort_by >= 0) {
+      const Shape& s = *strides[static_cast<size_t>(sort_by)];
+      std::stable_sort(dims.begin(), dims.end(), [&](int64_t x, int64_t y) {
+        return std::abs(s[static_cast<size_t>(x)]) > std::abs(s[static_cast<size_t>(y)]);
+      });
+    }
+    for (int64_t d : dims) {
+      shape_.push_back(shape[static_cast<size_t>(d)]);
+      for (int k = 0; k < N; ++k) {
+        strides_[k].push_back((*strides[k])[static_cast<size_t>(d)] * elem_size[k]);
+      }
+    }
+    // Coalesce: dim i (outer) merges into i+1 (inner) when stride[i] == stride[i+1] * shape[i+1]
+    // for every operand. Walk from the inside out, building the result innermost-first.
+    std::vector<int64_t> cshape;
+    std::array<std::vector<int64_t>, N> cstrides;
+    for (int64_t i = static_cast<int64_t>(shape_.size()) - 1; i >= 0; --i) {
+      bool merge = !cshape.empty();
+      for (int k = 0; k < N && merge; ++k) {
+        merge = strides_[k][static_cast<size_t>(i)] == cstrides[k].back() * cshape.back();
+      }
+      if (merge) {
+        cshape.back() *= shape_[static_cast<size_t>(i)];
+      } else {
+        cshape.push_back(shape_[static_cast<size_t>(i)]);
+        for (int k = 0; k < N; ++k) cstrides[k].push_back(strides_[k][static_cast<size_t>(i)]);
+      }
+    }
+    if (cshape.empty()) {  // a single element
+      cshape.push_back(1);
+      for (int k = 0; k < N; ++k) cstrides[k].push_back(0);
+    }
+    std::reverse(cshape.begin(), cshape.end());
+    for (int k = 0; k < N; ++k) std::reverse(cstrides[k].begin(), cstrides[k].end());
+    shape_ = std::move(cshape);
+    strides_ = std::move(cstrides);
+  }
+
+  int64_t ndim() const { return static_cast<int64_t>(shape_.size()); }
+  int64_t inner_size() const { return shape_.back(); }
+  int64_t inner_stride(int k) const { return strides_[k].back(); }
+
+  // inner(std::array<char*, N> ptrs, const std::array<int64_t, N>& byte_strides, int64_t n)
+  // for every innermost run. Callers skip numel == 0.
+  template <typename F>
+  void run(std::array<char*, N> base, F&& inner) const {
+    const int64_t nd = ndim();
+    const int64_t n = shape_.back();
+    std::array<int64_t, N> in_strides;
+    for (int k = 0; k < N; ++k) in_strides[k] = strides_[k].back();
+    if (nd == 1) {
+      inner(base, in_strides, n);
+      return;
+    }
+    std::vector<int64_t> counter(static_cast<size_t>(nd - 1), 0);
+    std::array<char*, N> ptrs = base;
+    while (true) {
+      inner(ptrs, in_strides, n);
+      int64_t d = nd - 2;
+      for (; d >= 0; --d) {
+        const size_t ud = static_cast<size_t>(d);
+        if (++counter[ud] < shape_[ud]) {
+          for (int k = 0; k < N; ++k) ptrs[k] += strides_[k][ud];
+          break;
+        }
+        for (int k = 0; k < N; ++k) ptrs[k] -= strides_[k][ud] * (shape_[ud] - 1);
+        counter[ud] = 0;
+      }
+      if (d < 0) return;
+    }
+  }
+
+ private:
+  std::vector<int64_t> shape_;
+  std::array<std::vector<int64_t>, N> strides_;
+};
+
+inline char* byte_ptr(const Tensor& t) { return static_cast<char*>(t.data_ptr()); }
+
+}  // namespace ringtrain::kernels::cpu::detail
