@@ -210,9 +210,14 @@ Tensor random_view(const Shape& shape, DType dtype, uint64_t seed, Layout layout
     }
     case Layout::kOffset: {
       Shape stored = shape;
-      stored[0] += 1;
-      stored[n - 1] += 3;
-      view = Tensor::empty(stored, dtype).narrow(0, 1, shape[0]).narrow(n - 1, 2, shape[n - 1]);
+      if (n == 1) {
+        stored[0] += 3;
+        view = Tensor::empty(stored, dtype).narrow(0, 2, shape[0]);
+      } else {
+        stored[0] += 1;
+        stored[n - 1] += 3;
+        view = Tensor::empty(stored, dtype).narrow(0, 1, shape[0]).narrow(n - 1, 2, shape[n - 1]);
+      }
       break;
     }
     case Layout::kPermuted: {
@@ -369,7 +374,7 @@ double ref_unary_value(kernels::UnaryOp op, double x) {
     case UnaryOp::kLog: return std::log(x);
     case UnaryOp::kSqrt: return std::sqrt(x);
     case UnaryOp::kAbs: return std::fabs(x);
-    case UnaryOp::kRelu: return x > 0 ? x : 0.0;
+    case UnaryOp::kRelu: return x < 0 ? 0.0 : x;  // NaN stays NaN
     case UnaryOp::kGelu: return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
     case UnaryOp::kGeluGrad:
       return 0.5 * (1.0 + std::erf(x / std::sqrt(2.0))) +
@@ -827,10 +832,13 @@ RefTensor ref_index_select(const RefTensor& a, int64_t dim, const RefTensor& ind
 RefTensor ref_index_add(const RefTensor& a, int64_t dim, const RefTensor& index,
                         const RefTensor& src) {
   dim = wrap(dim, a.dim());
+  const int64_t ni = index.dim();
   RefTensor out = a;
   for_each_index(src.shape, [&](const Index& idx) {
-    Index dst = idx;
-    dst[static_cast<size_t>(dim)] = static_cast<int64_t>(index.data[static_cast<size_t>(idx[static_cast<size_t>(dim)])]);
+    Index iidx(idx.begin() + dim, idx.begin() + dim + ni);
+    Index dst(idx.begin(), idx.begin() + dim);
+    dst.push_back(static_cast<int64_t>(index.at(iidx)));
+    dst.insert(dst.end(), idx.begin() + dim + ni, idx.end());
     out.at(dst) += src.at(idx);
   });
   return out;

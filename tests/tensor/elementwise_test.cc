@@ -1,0 +1,379 @@
+// elementwise_test.cc: unary, binary (broadcasting), scalar, where/masked_fill,
+// in-place arithmetic and finiteness checks against the float64 reference, over
+// several shapes (incl. size-0 and size-1 dims, 0-d), memory layouts (transposed,
+// sliced, offset, permuted, expanded) and every relevant dtype.
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "tests/tensor/reference.h"
+
+namespace ringtrain {
+namespace {
+
+using kernels::BinaryOp;
+using kernels::UnaryOp;
+using namespace ref;
+
+const DType kFloatTypes[] = {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16};
+const DType kIntTypes[] = {DType::kInt32, DType::kInt64};
+
+const std::vector<Shape> kShapes = {{}, {1}, {7}, {3, 5}, {0, 4}, {2, 1, 6}, {4, 3, 33}, {2, 3, 4, 5}};
+
+std::string trace(DType dtype, const Shape& shape, Layout layout) {
+  return std::string(dtype_name(dtype)) + shape_str(shape) + " " + layout_name(layout);
+}
+
+// Rounds every expected value to the output dtype (integer semantics: truncation).
+RefTensor rounded(RefTensor r, DType dtype) {
+  for (auto& v : r.data) v = round_to_dtype(v, dtype);
+  return r;
+}
+
+// ---------------------------------------------------------------- unary
+
+struct UnaryCase {
+  UnaryOp op;
+  Tensor (*fn)(const Tensor&);
+  double lo, hi;
+};
+
+const UnaryCase kUnaryCases[] = {
+    {UnaryOp::kNeg, &neg, -3, 3},      {UnaryOp::kExp, &exp, -3, 3},
+    {UnaryOp::kLog, &log, 0.05, 5},    {UnaryOp::kSqrt, &sqrt, 0.0, 5},
+    {UnaryOp::kAbs, &abs, -3, 3},      {UnaryOp::kRelu, &relu, -3, 3},
+    {UnaryOp::kGelu, &gelu, -4, 4},    {UnaryOp::kGeluGrad, &gelu_grad, -4, 4},
+    {UnaryOp::kTanh, &tanh, -5, 5},    {UnaryOp::kSigmoid, &sigmoid, -8, 8},
+    {UnaryOp::kIsFinite, &isfinite, -3, 3},
+};
+
+TEST(Unary, FloatOpsMatchReferenceOnEveryLayout) {
+  uint64_t seed = 1;
+  for (const auto& c : kUnaryCases) {
+    for (DType dtype : kFloatTypes) {
+      for (const Shape& shape : kShapes) {
+        for (Layout layout : kAllLayouts) {
+          SCOPED_TRACE(std::string(kernels::unary_op_name(c.op)) + " " + trace(dtype, shape, layout));
+          Tensor a = random_view(shape, dtype, ++seed, layout, c.lo, c.hi);
+          Tensor y = c.fn(a);
+          EXPECT_EQ(y.dtype(), dtype);
+          EXPECT_TRUE(y.is_contiguous());
+          EXPECT_TRUE(expect_close(y, ref_unary(c.op, to_ref(a)), tolerance_for(dtype)));
+        }
+      }
+    }
+  }
+}
+
+TEST(Unary, LargeContiguousRunsUseTheVectorPathCorrectly) {
+  // Long runs (not a multiple of the SIMD width or the 16-bit conversion block).
+  for (DType dtype : kFloatTypes) {
+    for (const auto& c : kUnaryCases) {
+      SCOPED_TRACE(std::string(kernels::unary_op_name(c.op)) + " " + dtype_name(dtype));
+      Tensor a = random_tensor({10007}, dtype, 77, c.lo, c.hi);
+      EXPECT_TRUE(expect_close(c.fn(a), ref_unary(c.op, to_ref(a)), tolerance_for(dtype)));
+    }
+  }
+}
+
+TEST(Unary, IntegerNegAbsRelu) {
+  for (DType dtype : kIntTypes) {
+    for (const Shape& shape : kShapes) {
+      for (Layout layout : kAllLayouts) {
+        SCOPED_TRACE(trace(dtype, shape, layout));
+        Tensor a = random_view(shape, dtype, 5, layout, -50, 50);
+        RefTensor r = to_ref(a);
+        EXPECT_TRUE(expect_equal(neg(a), ref_unary(UnaryOp::kNeg, r)));
+        EXPECT_TRUE(expect_equal(abs(a), ref_unary(UnaryOp::kAbs, r)));
+        EXPECT_TRUE(expect_equal(relu(a), ref_unary(UnaryOp::kRelu, r)));
+      }
+    }
+  }
+}
+
+TEST(Unary, TranscendentalOnIntegersThrowsNamingTheOp) {
+  Tensor a = random_tensor({2, 3}, DType::kInt64, 1, 0, 5);
+  EXPECT_TRUE(throws_with([&] { exp(a); }, {"exp", "int64[2, 3]"}));
+  EXPECT_TRUE(throws_with([&] { sigmoid(a); }, {"sigmoid", "int64"}));
+}
+
+TEST(Unary, SpecialValues) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (DType dtype : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    RefTensor r({6}, std::vector<double>{0.0, -0.0, inf, -inf, nan, 1.0});
+    Tensor a = from_ref(r, dtype);
+    EXPECT_TRUE(expect_close(exp(a), ref_unary(UnaryOp::kExp, r), tolerance_for(dtype)));
+    EXPECT_TRUE(expect_close(relu(a), ref_unary(UnaryOp::kRelu, r), tolerance_for(dtype)));
+    EXPECT_TRUE(expect_close(tanh(a), ref_unary(UnaryOp::kTanh, r), tolerance_for(dtype)));
+    EXPECT_TRUE(expect_close(sigmoid(a), ref_unary(UnaryOp::kSigmoid, r), tolerance_for(dtype)));
+    EXPECT_TRUE(expect_equal(isfinite(a), RefTensor({6}, std::vector<double>{1, 1, 0, 0, 0, 1})));
+  }
+}
+
+// ---------------------------------------------------------------- binary
+
+struct BinaryCase {
+  BinaryOp op;
+  Tensor (*fn)(const Tensor&, const Tensor&);
+  bool integer_ok;
+};
+
+const BinaryCase kBinaryCases[] = {
+    {BinaryOp::kAdd, &add, true},     {BinaryOp::kSub, &sub, true},
+    {BinaryOp::kMul, &mul, true},     {BinaryOp::kDiv, &div, true},
+    {BinaryOp::kPow, &pow, true},     {BinaryOp::kMax, &maximum, true},
+    {BinaryOp::kMin, &minimum, true}, {BinaryOp::kEq, &eq, true},
+    {BinaryOp::kNe, &ne, true},       {BinaryOp::kLt, &lt, true},
+    {BinaryOp::kLe, &le, true},       {BinaryOp::kGt, &gt, true},
+    {BinaryOp::kGe, &ge, true},
+};
+
+// Shape pairs that broadcast (incl. 0-d, size-0 and size-1 dims).
+const std::pair<Shape, Shape> kBroadcastPairs[] = {
+    {{3, 4}, {3, 4}},   {{3, 4}, {4}},        {{3, 1}, {1, 4}},       {{2, 3, 4}, {3, 1}},
+    {{}, {2, 3}},       {{0, 3}, {3}},        {{5, 1, 7}, {1, 6, 1}}, {{1}, {9}},
+    {{4, 1}, {4, 33}},  {{2, 3, 40}, {2, 3, 40}},
+};
+
+// Inputs for op: values that keep pow/div well defined; comparisons use small integers so
+// that equality actually occurs.
+std::pair<double, double> range_a(BinaryOp op, bool integer) {
+  if (op == BinaryOp::kPow) return integer ? std::pair{-3.0, 3.0} : std::pair{0.25, 2.0};
+  if (op >= BinaryOp::kEq || integer) return {-4.0, 4.0};
+  return {-3.0, 3.0};
+}
+std::pair<double, double> range_b(BinaryOp op, bool integer) {
+  if (op == BinaryOp::kPow) return integer ? std::pair{0.0, 4.0} : std::pair{-2.0, 2.0};
+  if (op == BinaryOp::kDiv) return integer ? std::pair{1.0, 5.0} : std::pair{0.5, 3.0};
+  if (op >= BinaryOp::kEq || integer) return {-4.0, 4.0};
+  return {-3.0, 3.0};
+}
+
+// A random tensor whose values are small integers (stored in a float dtype too).
+Tensor small_int_view(const Shape& shape, DType dtype, uint64_t seed, Layout layout, double lo, double hi) {
+  Tensor t = random_view(shape, dtype, seed, layout, lo, hi);
+  if (is_floating_point(dtype) && t.numel() > 0) {
+    // Round the values in place through the naive accessor (the view keeps its layout).
+    for_each_index(shape, [&](const Index& idx) { set_element(t, idx, std::round(get_element(t, idx))); });
+  }
+  return t;
+}
+
+TEST(Binary, AllOpsBroadcastOverLayoutsAndDtypes) {
+  uint64_t seed = 100;
+  for (const auto& c : kBinaryCases) {
+    for (DType dtype : kAllDTypes) {
+      const bool integer = !is_floating_point(dtype);
+      if (integer && !c.integer_ok) continue;
+      const bool compare = c.op >= BinaryOp::kEq;
+      for (const auto& [sa, sb] : kBroadcastPairs) {
+        for (Layout la : {Layout::kContiguous, Layout::kTransposed, Layout::kSliced, Layout::kPermuted}) {
+          SCOPED_TRACE(std::string(kernels::binary_op_name(c.op)) + " " + trace(dtype, sa, la) +
+                       " with " + shape_str(sb));
+          auto [alo, ahi] = range_a(c.op, integer);
+          auto [blo, bhi] = range_b(c.op, integer);
+          Tensor a = compare ? small_int_view(sa, dtype, ++seed, la, alo, ahi)
+                             : random_view(sa, dtype, ++seed, la, alo, ahi);
+          Tensor b = compare ? small_int_view(sb, dtype, ++seed, Layout::kOffset, blo, bhi)
+                             : random_view(sb, dtype, ++seed, Layout::kOffset, blo, bhi);
+          Tensor y = c.fn(a, b);
+          RefTensor expected = ref_binary(c.op, to_ref(a), to_ref(b));
+          if (integer) {
+            EXPECT_TRUE(expect_equal(y, rounded(expected, dtype)));
+          } else {
+            EXPECT_TRUE(expect_close(y, expected, tolerance_for(dtype)));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Binary, ComparisonsReturnOneAndZeroInTheOperandDtype) {
+  Tensor a = Tensor::from_vector<float>({1, 2, 3}, {3});
+  Tensor b = Tensor::from_vector<float>({3, 2, 1}, {3});
+  Tensor y = lt(a, b);
+  EXPECT_EQ(y.dtype(), DType::kFloat32);
+  EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{1, 0, 0}));
+  EXPECT_EQ(eq(a, b).to_vector<float>(), (std::vector<float>{0, 1, 0}));
+  EXPECT_EQ(ge(a, b).to_vector<float>(), (std::vector<float>{0, 1, 1}));
+}
+
+TEST(Binary, ExpandedOperandsWithZeroStrides) {
+  for (DType dtype : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Tensor a = random_expanded({1, 5}, {4, 5}, dtype, 1);
+    Tensor b = random_expanded({4, 1}, {4, 5}, dtype, 2);
+    EXPECT_EQ(a.stride(0), 0);
+    EXPECT_TRUE(expect_close(mul(a, b), ref_binary(BinaryOp::kMul, to_ref(a), to_ref(b)),
+                             tolerance_for(dtype)));
+    EXPECT_TRUE(expect_close(add(a, a), ref_binary(BinaryOp::kAdd, to_ref(a), to_ref(a)),
+                             tolerance_for(dtype)));
+  }
+}
+
+TEST(Binary, IntegerDivisionTruncatesAndZeroDivisorThrows) {
+  Tensor a = Tensor::from_vector<int64_t>({7, -7, 9, 0}, {4});
+  Tensor b = Tensor::from_vector<int64_t>({2, 2, -4, 3}, {4});
+  EXPECT_EQ(div(a, b).to_vector<int64_t>(), (std::vector<int64_t>{3, -3, -2, 0}));
+  Tensor z = Tensor::from_vector<int64_t>({1, 0, 1, 1}, {4});
+  EXPECT_TRUE(throws_with([&] { div(a, z); }, {"div", "zero"}));
+  EXPECT_TRUE(throws_with([&] { div(a, 0.0); }, {"div", "zero"}));
+}
+
+TEST(Binary, MaximumMinimumPropagateNaN) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Tensor a = Tensor::from_vector<float>({nan, 1, 2}, {3});
+  Tensor b = Tensor::from_vector<float>({1, nan, 1}, {3});
+  std::vector<float> mx = maximum(a, b).to_vector<float>();
+  std::vector<float> mn = minimum(a, b).to_vector<float>();
+  EXPECT_TRUE(std::isnan(mx[0]) && std::isnan(mx[1]));
+  EXPECT_EQ(mx[2], 2.0f);
+  EXPECT_TRUE(std::isnan(mn[0]) && std::isnan(mn[1]));
+  EXPECT_EQ(mn[2], 1.0f);
+}
+
+// ---------------------------------------------------------------- scalar
+
+struct ScalarCase {
+  BinaryOp op;
+  Tensor (*fn)(const Tensor&, double);
+};
+const ScalarCase kScalarCases[] = {
+    {BinaryOp::kAdd, &add}, {BinaryOp::kSub, &sub}, {BinaryOp::kMul, &mul}, {BinaryOp::kDiv, &div},
+    {BinaryOp::kPow, &pow}, {BinaryOp::kGt, &gt},   {BinaryOp::kLt, &lt},   {BinaryOp::kEq, &eq},
+};
+
+TEST(BinaryScalar, AllOpsAllDtypes) {
+  uint64_t seed = 500;
+  for (const auto& c : kScalarCases) {
+    for (DType dtype : kAllDTypes) {
+      const bool integer = !is_floating_point(dtype);
+      for (const Shape& shape : kShapes) {
+        for (Layout layout : {Layout::kContiguous, Layout::kSliced, Layout::kTransposed}) {
+          SCOPED_TRACE(std::string(kernels::binary_op_name(c.op)) + " " + trace(dtype, shape, layout));
+          const double scalar = c.op == BinaryOp::kPow ? 2.0 : (c.op == BinaryOp::kEq ? 1.0 : (integer ? 3.0 : 1.75));
+          Tensor a = c.op == BinaryOp::kEq ? small_int_view(shape, dtype, ++seed, layout, -2, 2)
+                                           : random_view(shape, dtype, ++seed, layout,
+                                                         integer ? -20 : 0.1, integer ? 20 : 3);
+          RefTensor expected = ref_binary_scalar(c.op, to_ref(a), scalar);
+          if (integer) {
+            EXPECT_TRUE(expect_equal(c.fn(a, scalar), rounded(expected, dtype)));
+          } else {
+            EXPECT_TRUE(expect_close(c.fn(a, scalar), expected, tolerance_for(dtype)));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(BinaryScalar, OperatorsMatchFunctions) {
+  Tensor a = random_tensor({3, 4}, DType::kFloat64, 9);
+  Tensor b = random_tensor({4}, DType::kFloat64, 10);
+  RefTensor ra = to_ref(a), rb = to_ref(b);
+  Tolerance tol = tolerance_for(DType::kFloat64);
+  EXPECT_TRUE(expect_close(a + b, ref_binary(BinaryOp::kAdd, ra, rb), tol));
+  EXPECT_TRUE(expect_close(a - b, ref_binary(BinaryOp::kSub, ra, rb), tol));
+  EXPECT_TRUE(expect_close(a * b, ref_binary(BinaryOp::kMul, ra, rb), tol));
+  EXPECT_TRUE(expect_close(-a, ref_unary(UnaryOp::kNeg, ra), tol));
+  EXPECT_TRUE(expect_close(a * 2.5, ref_binary_scalar(BinaryOp::kMul, ra, 2.5), tol));
+  EXPECT_TRUE(expect_close(a / 4.0, ref_binary_scalar(BinaryOp::kDiv, ra, 4.0), tol));
+  EXPECT_TRUE(expect_close(a - 1.0, ref_binary_scalar(BinaryOp::kSub, ra, 1.0), tol));
+}
+
+// ---------------------------------------------------------------- where, masked_fill
+
+TEST(Where, BroadcastsConditionAndValues) {
+  uint64_t seed = 900;
+  for (DType dtype : kAllDTypes) {
+    for (DType cond_dtype : {dtype, DType::kInt64, DType::kFloat32}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " cond " + dtype_name(cond_dtype));
+      Tensor cond = random_view({3, 1}, cond_dtype, ++seed, Layout::kSliced, 0, 1);
+      if (is_floating_point(cond_dtype)) cond = gt(cond, 0.5);
+      Tensor a = random_view({3, 4}, dtype, ++seed, Layout::kTransposed, -9, 9);
+      Tensor b = random_tensor({4}, dtype, ++seed, -9, 9);
+      EXPECT_TRUE(expect_equal(where(cond, a, b), ref_where(to_ref(cond), to_ref(a), to_ref(b))));
+      Tensor cond_full = random_view({2, 3, 4}, cond_dtype, ++seed, Layout::kPermuted, 0, 1);
+      EXPECT_TRUE(expect_equal(where(cond_full, a, b),
+                               ref_where(to_ref(cond_full), to_ref(a), to_ref(b))));
+    }
+  }
+}
+
+TEST(Where, MaskedFill) {
+  Tensor a = random_tensor({4, 5}, DType::kFloat32, 3);
+  Tensor mask = gt(a, 0.0);
+  RefTensor expected = ref_where(to_ref(mask), RefTensor({}, -7.0), to_ref(a));
+  EXPECT_TRUE(expect_equal(masked_fill(a, mask, -7.0), expected));
+}
+
+// ---------------------------------------------------------------- in-place
+
+TEST(InPlace, AddMulDivIntoViews) {
+  for (DType dtype : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Tensor base = random_tensor({6, 8}, dtype, 11);
+    RefTensor before = to_ref(base);
+    Tensor view = base.slice(1, 1, 8, 2).t();  // [4, 6], non-contiguous
+    Tensor b = random_tensor({6}, dtype, 12);
+    RefTensor expected_view = ref_binary(BinaryOp::kAdd, to_ref(view),
+                                         ref_binary_scalar(BinaryOp::kMul, to_ref(b), 0.5));
+    add_(view, b, 0.5);
+    EXPECT_TRUE(expect_close(view, expected_view, tolerance_for(dtype)));
+    // Columns of base that the view does not cover are untouched.
+    RefTensor after = to_ref(base);
+    for (int64_t i = 0; i < 6; ++i)
+      for (int64_t j = 0; j < 8; j += 2) EXPECT_EQ(after.at({i, j}), before.at({i, j}));
+    RefTensor v = to_ref(view);
+    mul_(view, 3.0);
+    EXPECT_TRUE(expect_close(view, ref_binary_scalar(BinaryOp::kMul, v, 3.0), tolerance_for(dtype)));
+    v = to_ref(view);
+    div_(view, 2.0);
+    EXPECT_TRUE(expect_close(view, ref_binary_scalar(BinaryOp::kDiv, v, 2.0), tolerance_for(dtype)));
+    v = to_ref(view);
+    Tensor m = random_tensor({4, 1}, dtype, 13);
+    mul_(view, m);
+    EXPECT_TRUE(expect_close(view, ref_binary(BinaryOp::kMul, v, to_ref(m)), tolerance_for(dtype)));
+  }
+}
+
+// ---------------------------------------------------------------- finiteness
+
+TEST(Finite, AllFiniteFindsInfAndNaNAnywhere) {
+  const double specials[] = {std::numeric_limits<double>::infinity(),
+                             -std::numeric_limits<double>::infinity(),
+                             std::numeric_limits<double>::quiet_NaN()};
+  uint64_t seed = 40;
+  for (DType dtype : kFloatTypes) {
+    for (Layout layout : kAllLayouts) {
+      SCOPED_TRACE(trace(dtype, {37, 41}, layout));
+      Tensor a = random_view({37, 41}, dtype, ++seed, layout);
+      EXPECT_TRUE(all_finite(a));
+      EXPECT_TRUE(expect_equal(isfinite(a), RefTensor({37, 41}, 1.0)));
+      for (double s : specials) {
+        const Index where_idx = {static_cast<int64_t>(seed % 37), static_cast<int64_t>((seed * 7) % 41)};
+        const double old = get_element(a, where_idx);
+        set_element(a, where_idx, s);
+        EXPECT_FALSE(all_finite(a)) << "special " << s;
+        RefTensor expected({37, 41}, 1.0);
+        expected.at(where_idx) = 0.0;
+        EXPECT_TRUE(expect_equal(isfinite(a), expected));
+        set_element(a, where_idx, old);
+        EXPECT_TRUE(all_finite(a));
+      }
+    }
+  }
+  // The last element of a long contiguous run (past the vector body) is checked too.
+  Tensor big = zeros({100003});
+  set_element(big, {100002}, std::numeric_limits<double>::infinity());
+  EXPECT_FALSE(all_finite(big));
+  // Integers are always finite; empty tensors too.
+  EXPECT_TRUE(all_finite(random_tensor({5}, DType::kInt32, 1, -9, 9)));
+  EXPECT_TRUE(all_finite(zeros({0, 3})));
+}
+
+}  // namespace
+}  // namespace ringtrain
