@@ -91,6 +91,7 @@ class SavedTensor {
   Tensor data_;                         // alias of the saved values (no autograd meta)
   std::weak_ptr<TensorImpl> original_;  // the tensor that was saved, for its version counter
   uint64_t saved_version_ = 0;          // original's version when saved
+  bool was_defined_ = false;            // false: an undefined tensor was saved (e.g. no bias)
 };
 
 // A node of the backward graph: computes the gradients of one op's inputs from

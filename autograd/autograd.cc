@@ -1,0 +1,270 @@
+// autograd.cc: the tensor-side half of autograd: AutogradMeta access, grad mode,
+// SavedTensor's version check, hooks, detach, and record() which wires a forward
+// op's output into the graph. The engine that runs the graph is in engine.cc.
+#include <atomic>
+
+#include "autograd/autograd.h"
+#include "autograd/graph.h"
+#include "tensor/checks.h"
+#include "tensor/ops.h"
+
+namespace ringtrain::autograd {
+
+namespace {
+thread_local bool t_grad_enabled = true;
+// Global creation counter: later nodes run first among ready nodes.
+std::atomic<uint64_t> g_next_sequence_nr{0};
+}  // namespace
+
+bool grad_enabled() { return t_grad_enabled; }
+void set_grad_enabled(bool enabled) { t_grad_enabled = enabled; }
+
+void HookHandle::remove() {
+  if (remover_) {
+    auto remover = std::move(remover_);
+    remover_ = nullptr;
+    remover();
+  }
+}
+
+// ---------------------------------------------------------------- meta access
+
+AutogradMeta& meta(const Tensor& t) {
+  RT_CHECK(t.defined(), "autograd: undefined tensor");
+  auto& slot = t.unsafe_impl()->autograd_meta;
+  if (!slot) slot = std::make_shared<AutogradMeta>();
+  return *slot;
+}
+
+AutogradMeta* meta_or_null(const Tensor& t) {
+  if (!t.defined()) return nullptr;
+  return t.unsafe_impl()->autograd_meta.get();
+}
+
+const Tensor& set_requires_grad(const Tensor& t, bool requires_grad) {
+  RT_CHECK(t.defined(), "set_requires_grad: undefined tensor");
+  AutogradMeta* m = meta_or_null(t);
+  RT_CHECK(!(m && m->grad_fn), "set_requires_grad: ", t.describe(),
+           " is not a leaf (it was computed by ", m ? m->grad_fn->name() : "",
+           "); call detach() first to make a leaf");
+  RT_CHECK(!requires_grad || is_floating_point(t.dtype()),
+           "set_requires_grad: only floating-point tensors can require grad, got ", t.describe());
+  if (!m && !requires_grad) return t;
+  meta(t).requires_grad = requires_grad;
+  return t;
+}
+
+bool requires_grad(const Tensor& t) {
+  const AutogradMeta* m = meta_or_null(t);
+  return m && (m->requires_grad || m->grad_fn);
+}
+
+bool is_leaf(const Tensor& t) {
+  const AutogradMeta* m = meta_or_null(t);
+  return !m || !m->grad_fn;
+}
+
+Tensor grad(const Tensor& t) {
+  const AutogradMeta* m = meta_or_null(t);
+  return m ? m->grad : Tensor();
+}
+
+void set_grad(const Tensor& t, const Tensor& g) {
+  if (g.defined()) {
+    RT_CHECK(g.shape() == t.shape(), "set_grad: gradient ", g.describe(), " does not match tensor ",
+             t.describe());
+    meta(t).grad = g;
+  } else if (AutogradMeta* m = meta_or_null(t)) {
+    m->grad = Tensor();
+  }
+}
+
+std::shared_ptr<Node> grad_fn(const Tensor& t) {
+  const AutogradMeta* m = meta_or_null(t);
+  return m ? m->grad_fn : nullptr;
+}
+
+Tensor alias(const Tensor& t) {
+  RT_CHECK(t.defined(), "autograd::alias: undefined tensor");
+  auto impl = std::make_shared<TensorImpl>();
+  const TensorImpl& src = *t.unsafe_impl();
+  impl->storage = src.storage;
+  impl->shape = src.shape;
+  impl->strides = src.strides;
+  impl->offset = src.offset;
+  impl->dtype = src.dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor detach(const Tensor& t) { return alias(t); }
+
+void retain_grad(const Tensor& t) {
+  RT_CHECK(requires_grad(t), "retain_grad: ", t.describe(), " does not require grad");
+  AutogradMeta& m = meta(t);
+  if (!m.grad_fn || m.retains_grad) return;  // leaves keep .grad anyway
+  m.retains_grad = true;
+  std::weak_ptr<AutogradMeta> weak = t.unsafe_impl()->autograd_meta;
+  m.grad_fn->pre_hooks.emplace_back(m.grad_fn->next_hook_id++, [weak](const Tensor& g) {
+    if (auto mm = weak.lock()) {
+      if (mm->grad.defined())
+        add_(mm->grad, g);
+      else
+        mm->grad = g.clone();
+    }
+    return g;
+  });
+}
+
+// ---------------------------------------------------------------- hooks
+
+HookHandle register_hook(const Tensor& t, GradHook hook) {
+  RT_CHECK(requires_grad(t), "register_hook: ", t.describe(),
+           " does not require grad, so no gradient will ever reach the hook");
+  AutogradMeta& m = meta(t);
+  if (m.grad_fn) {
+    std::shared_ptr<Node> node = m.grad_fn;
+    uint64_t id = node->next_hook_id++;
+    node->pre_hooks.emplace_back(id, std::move(hook));
+    std::weak_ptr<Node> weak = node;
+    return HookHandle([weak, id] {
+      if (auto n = weak.lock())
+        std::erase_if(n->pre_hooks, [id](const Node::PreHook& h) { return h.first == id; });
+    });
+  }
+  uint64_t id = m.next_hook_id++;
+  m.grad_hooks.emplace_back(id, std::move(hook));
+  std::weak_ptr<AutogradMeta> weak = t.unsafe_impl()->autograd_meta;
+  return HookHandle([weak, id] {
+    if (auto mm = weak.lock())
+      std::erase_if(mm->grad_hooks, [id](const auto& h) { return h.first == id; });
+  });
+}
+
+HookHandle register_post_accumulate_grad_hook(const Tensor& leaf, PostAccumulateGradHook hook) {
+  RT_CHECK(requires_grad(leaf) && is_leaf(leaf), "register_post_accumulate_grad_hook: ",
+           leaf.describe(), " must be a leaf that requires grad (a parameter)");
+  AutogradMeta& m = meta(leaf);
+  uint64_t id = m.next_hook_id++;
+  m.post_accumulate_hooks.emplace_back(id, std::move(hook));
+  std::weak_ptr<AutogradMeta> weak = leaf.unsafe_impl()->autograd_meta;
+  return HookHandle([weak, id] {
+    if (auto mm = weak.lock())
+      std::erase_if(mm->post_accumulate_hooks, [id](const auto& h) { return h.first == id; });
+  });
+}
+
+// ---------------------------------------------------------------- nodes
+
+Node::Node(std::string name) : name_(std::move(name)), sequence_nr(g_next_sequence_nr++) {}
+
+SavedTensor::SavedTensor(const Tensor& t) {
+  if (!t.defined()) return;
+  was_defined_ = true;
+  data_ = alias(t);
+  original_ = t.impl_ptr();
+  saved_version_ = t.unsafe_impl()->version;
+}
+
+const Tensor& SavedTensor::get(const std::string& op, const char* what) const {
+  if (!was_defined_) return data_;  // an optional input that was absent
+  RT_CHECK(data_.defined(), "autograd: ", op, ": saved ", what,
+           " is gone: trying to backward through the graph a second time (or after its saved "
+           "tensors were freed); pass retain_graph=true to the first backward()");
+  if (auto orig = original_.lock()) {
+    RT_CHECK(orig->version == saved_version_, "autograd: ", op, ": ", what,
+             " saved for backward was modified by an in-place operation (version ", orig->version,
+             ", expected ", saved_version_, "); make a copy (clone()) before modifying it in place, "
+             "or modify it out of place");
+  }
+  return data_;
+}
+
+void SavedTensor::reset() {
+  data_ = Tensor();
+  original_.reset();
+}
+
+const Tensor& BackwardContext::saved(size_t i) const {
+  RT_CHECK(i < saved_.size(), "autograd: ", node_.name(), " asked for saved tensor ", i, " of ",
+           saved_.size());
+  static const char* kWhat[] = {"saved tensor 0", "saved tensor 1", "saved tensor 2",
+                                "saved tensor 3", "saved tensor 4", "saved tensor 5"};
+  return saved_[i].get(node_.name(), i < 6 ? kWhat[i] : "a saved tensor");
+}
+
+bool BackwardContext::needs(size_t i) const {
+  return i < node_.next_edges.size() && node_.next_edges[i].node != nullptr;
+}
+
+FunctionNode::FunctionNode(std::string name, BackwardFn fn, std::vector<SavedTensor> saved)
+    : Node(std::move(name)), fn_(std::move(fn)), saved_(std::move(saved)) {}
+
+std::vector<Tensor> FunctionNode::apply(const Tensor& grad_output) {
+  RT_CHECK(!released_ && fn_, "autograd: trying to backward through the graph a second time "
+           "(node ", name_, " was already run and its saved tensors freed); pass "
+           "retain_graph=true to the first backward() if you need to backward twice");
+  BackwardContext ctx(*this, saved_);
+  return fn_(grad_output, ctx);
+}
+
+void FunctionNode::release() {
+  released_ = true;
+  fn_ = nullptr;  // drops any tensors the lambda captured (masks, indices)
+  saved_.clear();
+}
+
+AccumulateGrad::AccumulateGrad(Tensor variable)
+    : Node("AccumulateGrad"), variable_(std::move(variable)) {
+  sequence_nr = UINT64_MAX;  // run a leaf's accumulation as soon as its gradient is ready
+  next_edges.clear();
+}
+
+Edge gradient_edge(const Tensor& t) {
+  AutogradMeta* m = meta_or_null(t);
+  if (!m) return Edge{};
+  if (m->grad_fn) return Edge{m->grad_fn};
+  if (!m->requires_grad) return Edge{};
+  std::shared_ptr<Node> acc = m->grad_accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(t);
+    m->grad_accumulator = acc;
+  }
+  return Edge{acc};
+}
+
+bool any_requires_grad(const std::vector<Tensor>& inputs) {
+  if (!grad_enabled()) return false;
+  for (const Tensor& t : inputs)
+    if (t.defined() && requires_grad(t)) return true;
+  return false;
+}
+
+Tensor record(const char* name, const std::vector<Tensor>& inputs, Tensor out,
+              const std::vector<Tensor>& saved, BackwardFn fn) {
+  if (!any_requires_grad(inputs)) return out;
+  Tensor original_out = out;
+  for (const Tensor& in : inputs)
+    if (in.defined() && out.is_same(in)) {
+      out = alias(out);
+      break;
+    }
+  // An op may also hand back a tensor that already has autograd state (never ours
+  // to overwrite); give it a fresh impl too.
+  if (meta_or_null(out)) out = alias(out);
+  std::vector<SavedTensor> saved_tensors;
+  saved_tensors.reserve(saved.size());
+  for (const Tensor& s : saved) saved_tensors.emplace_back(s.is_same(original_out) ? out : s);
+  auto node = std::make_shared<FunctionNode>(name, std::move(fn), std::move(saved_tensors));
+  node->next_edges.reserve(inputs.size());
+  for (const Tensor& in : inputs) {
+    node->next_edges.push_back(in.defined() ? gradient_edge(in) : Edge{});
+    node->input_shapes.push_back(in.defined() ? in.shape() : Shape{});
+    node->input_dtypes.push_back(in.defined() ? in.dtype() : DType::kFloat32);
+  }
+  AutogradMeta& m = meta(out);
+  m.grad_fn = std::move(node);
+  m.requires_grad = true;
+  return out;
+}
+
+}  // namespace ringtrain::autograd

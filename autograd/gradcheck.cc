@@ -1,0 +1,72 @@
+// gradcheck.cc: see gradcheck.h. The inputs are perturbed in place one element at
+// a time (under no_grad, then restored), so the inputs' storage must be writable.
+#include "autograd/gradcheck.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "autograd/autograd.h"
+#include "autograd/functions.h"
+#include "tensor/ops.h"
+
+namespace ringtrain::autograd {
+
+GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                          const std::vector<Tensor>& inputs, const GradcheckOptions& options) {
+  GradcheckResult result;
+  // The projection vector, drawn once from the output's shape.
+  Tensor v;
+  {
+    NoGradGuard no_grad;
+    Tensor probe = f(inputs);
+    Generator gen(options.seed + 12345);
+    v = randn(probe.shape(), gen, probe.dtype(), probe.device());
+  }
+  auto project = [&](const Tensor& out) { return ringtrain::sum(ringtrain::mul(out, v)).item(); };
+
+  // Analytic: one backward of sum(v * f(x)).
+  for (const Tensor& in : inputs)
+    if (in.defined() && requires_grad(in)) set_grad(in, Tensor());
+  Tensor out = f(inputs);
+  RT_CHECK(requires_grad(out), "gradcheck: the output does not require grad (no input requires grad, "
+           "or f does not use them)");
+  backward(ag::sum(ag::mul(out, v)));
+
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& in = inputs[i];
+    if (!in.defined() || !requires_grad(in)) continue;
+    Tensor analytic = grad(in);
+    std::vector<double> analytic_values =
+        analytic.defined() ? analytic.to_vector<double>() : std::vector<double>(in.numel(), 0.0);
+    Tensor flat = detach(in).contiguous();
+    RT_CHECK(flat.is_same(detach(in)) || in.is_contiguous(),
+             "gradcheck: inputs must be contiguous, got ", in.describe());
+    Tensor writable = detach(in).reshape({-1});
+    for (int64_t j = 0; j < in.numel(); ++j) {
+      Tensor element = writable.narrow(0, j, 1);
+      double original = element.item();
+      double plus, minus;
+      {
+        NoGradGuard no_grad;
+        fill_(element, original + options.eps);
+        plus = project(f(inputs));
+        fill_(element, original - options.eps);
+        minus = project(f(inputs));
+        fill_(element, original);
+      }
+      double numeric = (plus - minus) / (2.0 * options.eps);
+      double err = std::fabs(analytic_values[j] - numeric);
+      result.max_abs_error = std::max(result.max_abs_error, err);
+      if (err > options.atol + options.rtol * std::fabs(numeric) && result.ok) {
+        result.ok = false;
+        std::ostringstream os;
+        os << "gradcheck: input " << i << " (" << in.describe() << ") element " << j
+           << ": analytic " << analytic_values[j] << " vs numeric " << numeric;
+        result.message = os.str();
+      }
+    }
+  }
+  return result;
+}
+
+}  // namespace ringtrain::autograd
