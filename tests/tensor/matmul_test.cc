@@ -1,0 +1,93 @@
+// matmul_test.cc: matmul (2-D, batched, broadcast batch dims, 1-D operands,
+// k = 0, size-0 dims) and linear against the float64 reference, with operands
+// that are transposed (column-major Map), sliced (neither stride 1: copied),
+// expanded and offset, in f32/f64/f16/bf16.
+#include <string>
+
+#include "tests/tensor/reference.h"
+
+namespace ringtrain {
+namespace {
+
+using namespace ref;
+
+const DType kFloatTypes[] = {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16};
+
+const std::pair<Shape, Shape> kCases[] = {
+    {{3, 4}, {4, 5}},          {{1, 1}, {1, 1}},          {{7, 0}, {0, 3}},
+    {{0, 3}, {3, 2}},          {{3, 2}, {2, 0}},          {{2, 3, 4}, {2, 4, 5}},
+    {{2, 3, 4}, {4, 5}},       {{4}, {4, 3}},             {{3, 4}, {4}},
+    {{4}, {4}},                {{2, 1, 3, 4}, {5, 4, 2}}, {{65, 33}, {33, 17}},
+    {{1, 9}, {9, 1}},          {{3, 130, 70}, {70, 40}},
+};
+
+int64_t inner_dim(const Shape& a) { return a.back(); }
+
+TEST(Matmul, ShapesLayoutsDtypes) {
+  uint64_t seed = 1;
+  for (const auto& [sa, sb] : kCases) {
+    for (DType dtype : kFloatTypes) {
+      for (Layout la : kAllLayouts) {
+        for (Layout lb : {Layout::kContiguous, Layout::kTransposed, Layout::kSliced}) {
+          SCOPED_TRACE(std::string(dtype_name(dtype)) + " " + shape_str(sa) + " " + layout_name(la) +
+                       " @ " + shape_str(sb) + " " + layout_name(lb));
+          Tensor a = random_view(sa, dtype, ++seed, la);
+          Tensor b = random_view(sb, dtype, ++seed, lb);
+          Tensor y = matmul(a, b);
+          EXPECT_EQ(y.dtype(), dtype);
+          EXPECT_TRUE(expect_close(y, ref_matmul(to_ref(a), to_ref(b)),
+                                   accumulate_tolerance_for(dtype, inner_dim(sa))));
+        }
+      }
+    }
+  }
+}
+
+TEST(Matmul, BroadcastBatchWithZeroStride) {
+  for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Tensor a = random_expanded({1, 5, 6}, {4, 5, 6}, dtype, 3);
+    Tensor b = random_view({4, 6, 3}, dtype, 4, Layout::kPermuted);
+    EXPECT_TRUE(expect_close(matmul(a, b), ref_matmul(to_ref(a), to_ref(b)), accumulate_tolerance_for(dtype, 6)));
+    // Rows broadcast inside a matrix (row stride 0): must not be mapped as is.
+    Tensor c = random_expanded({1, 6}, {5, 6}, dtype, 5);
+    EXPECT_TRUE(expect_close(matmul(c, b.select(0, 1)), ref_matmul(to_ref(c), to_ref(b.select(0, 1))),
+                             accumulate_tolerance_for(dtype, 6)));
+  }
+}
+
+TEST(Matmul, LargeSquareFloat32) {
+  // Big enough for Eigen's blocked GEMM with several panels in every dim.
+  Tensor a = random_tensor({300, 520}, DType::kFloat32, 7);
+  Tensor b = random_view({520, 260}, DType::kFloat32, 8, Layout::kTransposed);
+  EXPECT_TRUE(expect_close(matmul(a, b), ref_matmul(to_ref(a), to_ref(b)),
+                           accumulate_tolerance_for(DType::kFloat32, 520)));
+}
+
+TEST(Matmul, IntegerAndMismatchedOperandsThrow) {
+  Tensor ai = random_tensor({2, 3}, DType::kInt64, 1, 0, 3);
+  EXPECT_TRUE(throws_with([&] { matmul(ai, ai.t()); }, {"matmul", "int64"}));
+  Tensor a = random_tensor({2, 3}, DType::kFloat32, 1);
+  Tensor b = random_tensor({4, 5}, DType::kFloat32, 2);
+  EXPECT_TRUE(throws_with([&] { matmul(a, b); }, {"matmul", "[2, 3]", "[4, 5]"}));
+  Tensor c = random_tensor({3, 5}, DType::kFloat64, 2);
+  EXPECT_TRUE(throws_with([&] { matmul(a, c); }, {"matmul", "float32", "float64"}));
+}
+
+TEST(Linear, WithAndWithoutBias) {
+  for (DType dtype : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Tensor x = random_view({2, 3, 8}, dtype, 11, Layout::kSliced);
+    Tensor w = random_tensor({5, 8}, dtype, 12);
+    Tensor bias = random_tensor({5}, dtype, 13);
+    Tolerance tol = accumulate_tolerance_for(dtype, 9);
+    EXPECT_TRUE(expect_close(linear(x, w, bias), ref_linear(to_ref(x), to_ref(w), to_ref(bias)), tol));
+    EXPECT_TRUE(expect_close(linear(x, w, Tensor()), ref_linear(to_ref(x), to_ref(w), std::nullopt), tol));
+  }
+  Tensor x = random_tensor({2, 7}, DType::kFloat32, 1);
+  Tensor w = random_tensor({5, 8}, DType::kFloat32, 2);
+  EXPECT_TRUE(throws_with([&] { linear(x, w, Tensor()); }, {"linear", "[2, 7]", "[5, 8]"}));
+}
+
+}  // namespace
+}  // namespace ringtrain
