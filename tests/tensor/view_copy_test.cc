@@ -1,0 +1,227 @@
+// view_copy_test.cc: views (reshape/view/flatten/narrow/slice/select/transpose/
+// permute/unsqueeze/squeeze/expand/chunk/split/cat/stack) checked element by
+// element against the reference through the naive strided accessor; copies and
+// dtype conversions between every pair of dtypes, into non-contiguous and from
+// broadcast views; fill, factories, memcpy_bytes, printing.
+#include <cmath>
+#include <string>
+
+#include "tests/tensor/reference.h"
+
+namespace ringtrain {
+namespace {
+
+using namespace ref;
+
+// ---------------------------------------------------------------- views
+
+TEST(Views, ShareStorageAndMatchReference) {
+  Tensor a = random_tensor({4, 6, 5}, DType::kFloat32, 1);
+  RefTensor ra = to_ref(a);
+  EXPECT_TRUE(expect_equal(a.transpose(0, 2), ref_transpose(ra, 0, 2)));
+  EXPECT_TRUE(expect_equal(a.permute({2, 0, 1}), ref_permute(ra, {2, 0, 1})));
+  EXPECT_TRUE(expect_equal(a.narrow(1, 2, 3), ref_slice(ra, 1, 2, 5, 1)));
+  EXPECT_TRUE(expect_equal(a.slice(1, 1, 6, 2), ref_slice(ra, 1, 1, 6, 2)));
+  EXPECT_TRUE(expect_equal(a.slice(2, -3, 5), ref_slice(ra, 2, 2, 5, 1)));
+  EXPECT_TRUE(a.transpose(0, 2).storage() == a.storage());
+  EXPECT_FALSE(a.transpose(0, 2).is_contiguous());
+  EXPECT_TRUE(a.narrow(0, 1, 2).is_contiguous());
+
+  RefTensor sel = ref_slice(ra, 1, 3, 4, 1);
+  sel.shape = {4, 5};
+  EXPECT_TRUE(expect_equal(a.select(1, 3), sel));
+
+  RefTensor reshaped = ra;
+  reshaped.shape = {24, 5};
+  EXPECT_TRUE(expect_equal(a.reshape({24, 5}), reshaped));
+  EXPECT_TRUE(expect_equal(a.view({-1, 5}), reshaped));
+  reshaped.shape = {120};
+  EXPECT_TRUE(expect_equal(a.flatten(), reshaped));
+  reshaped.shape = {4, 30};
+  EXPECT_TRUE(expect_equal(a.flatten(1), reshaped));
+  // reshape of a non-contiguous view copies; the values follow the view's row-major order.
+  RefTensor rt = ref_transpose(ra, 0, 1);
+  rt.shape = {6, 20};
+  EXPECT_TRUE(expect_equal(a.transpose(0, 1).reshape({6, 20}), rt));
+
+  Tensor u = a.unsqueeze(1);
+  EXPECT_EQ(u.shape(), (Shape{4, 1, 6, 5}));
+  EXPECT_EQ(u.squeeze(1).shape(), a.shape());
+  EXPECT_EQ(a.unsqueeze(-1).shape(), (Shape{4, 6, 5, 1}));
+
+  // Writes through a view reach the base.
+  Tensor v = a.transpose(0, 1).select(0, 2);  // a[:, 2, :]
+  fill_(v, 42.0);
+  EXPECT_EQ(get_element(a, {3, 2, 4}), 42.0);
+  EXPECT_EQ(get_element(a, {3, 1, 4}), ra.at({3, 1, 4}));
+}
+
+TEST(Views, ExpandHasZeroStrides) {
+  Tensor a = random_tensor({3, 1}, DType::kFloat64, 2);
+  Tensor e = a.expand({2, 3, 4});
+  EXPECT_EQ(e.shape(), (Shape{2, 3, 4}));
+  EXPECT_EQ(e.stride(0), 0);
+  EXPECT_EQ(e.stride(2), 0);
+  EXPECT_TRUE(expect_equal(e, ref_expand(to_ref(a), {2, 3, 4})));
+  EXPECT_TRUE(expect_equal(e.contiguous(), ref_expand(to_ref(a), {2, 3, 4})));
+  EXPECT_TRUE(throws_with([&] { a.expand({3, 5, 2}); }, {"expand", "[3, 1]", "[3, 5, 2]"}));
+}
+
+TEST(Views, ChunkSplitCatStack) {
+  for (DType dtype : kAllDTypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Tensor a = random_view({7, 4}, dtype, 3, Layout::kTransposed, -9, 9);
+    RefTensor ra = to_ref(a);
+    std::vector<Tensor> chunks = a.chunk(3, 0);
+    ASSERT_EQ(chunks.size(), 3u);
+    EXPECT_EQ(chunks[0].size(0), 3);
+    EXPECT_EQ(chunks[2].size(0), 1);
+    EXPECT_TRUE(expect_equal(chunks[1], ref_slice(ra, 0, 3, 6, 1)));
+    std::vector<Tensor> parts = a.split(3, 1);
+    ASSERT_EQ(parts.size(), 2u);
+    EXPECT_TRUE(expect_equal(parts[1], ref_slice(ra, 1, 3, 4, 1)));
+    std::vector<Tensor> sized = a.split_with_sizes({2, 0, 5}, 0);
+    ASSERT_EQ(sized.size(), 3u);
+    EXPECT_EQ(sized[1].numel(), 0);
+    EXPECT_TRUE(expect_equal(sized[2], ref_slice(ra, 0, 2, 7, 1)));
+    // cat of the chunks (views, one empty) gives the tensor back; along dim 1 too.
+    EXPECT_TRUE(expect_equal(cat(chunks, 0), ra));
+    EXPECT_TRUE(expect_equal(cat(sized, 0), ra));
+    EXPECT_TRUE(expect_equal(cat(parts, -1), ra));
+    std::vector<RefTensor> rchunks = {to_ref(chunks[0]), to_ref(chunks[0]), to_ref(chunks[0])};
+    EXPECT_TRUE(expect_equal(stack({chunks[0], chunks[0], chunks[0]}, 1), ref_stack(rchunks, 1)));
+    EXPECT_TRUE(expect_equal(stack({chunks[0], chunks[0], chunks[0]}, -1), ref_stack(rchunks, 2)));
+  }
+  Tensor a = zeros({2, 3});
+  Tensor b = zeros({2, 4});
+  EXPECT_TRUE(throws_with([&] { cat({a, b}, 0); }, {"cat", "[2, 4]", "[2, 3]"}));
+  EXPECT_TRUE(throws_with([&] { cat({a, zeros({2, 3}, DType::kInt32)}, 0); }, {"cat", "int32"}));
+  EXPECT_TRUE(throws_with([&] { stack({a, b}); }, {"stack", "[2, 4]"}));
+}
+
+// ---------------------------------------------------------------- copies, conversions
+
+TEST(Copy, EveryDtypePairConvertsLikeAStaticCast) {
+  uint64_t seed = 10;
+  for (DType from : kAllDTypes) {
+    for (DType to : kAllDTypes) {
+      for (Layout layout : {Layout::kContiguous, Layout::kTransposed}) {
+        SCOPED_TRACE(std::string(dtype_name(from)) + " -> " + dtype_name(to) + " " + layout_name(layout));
+        Tensor a = random_view({13, 21}, from, ++seed, layout, -100, 100);
+        RefTensor expected = to_ref(a);
+        for (auto& v : expected.data) v = round_to_dtype(v, to);
+        Tensor b = a.to(to);
+        EXPECT_EQ(b.dtype(), to);
+        if (from != to) {
+          EXPECT_TRUE(b.is_contiguous());
+        } else {
+          EXPECT_TRUE(b.is_same(a));  // to(same dtype) returns the tensor itself
+        }
+        EXPECT_TRUE(expect_equal(b, expected));
+      }
+    }
+  }
+}
+
+TEST(Copy, IntoNonContiguousDestinationLeavesTheRestAlone) {
+  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kInt64}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Tensor base = random_tensor({6, 10}, dtype, 20, -9, 9);
+    RefTensor before = to_ref(base);
+    Tensor dst = base.slice(1, 0, 10, 3).t();  // [4, 6] every third column, transposed
+    Tensor src = random_view({4, 6}, DType::kFloat64, 21, Layout::kPermuted, -9, 9);
+    dst.copy_(src);
+    RefTensor expected = to_ref(src);
+    for (auto& v : expected.data) v = round_to_dtype(v, dtype);
+    EXPECT_TRUE(expect_equal(dst, expected));
+    RefTensor after = to_ref(base);
+    for (int64_t i = 0; i < 6; ++i)
+      for (int64_t j = 0; j < 10; ++j)
+        if (j % 3 != 0) {
+          EXPECT_EQ(after.at({i, j}), before.at({i, j})) << i << "," << j;
+        }
+    // A broadcast source (stride 0) fills every row.
+    Tensor row = random_tensor({6}, dtype, 22, -9, 9);
+    dst.copy_(row);
+    EXPECT_TRUE(expect_equal(dst, ref_expand(to_ref(row), {4, 6})));
+  }
+}
+
+TEST(Copy, ContiguousCloneAndLargeRuns) {
+  Tensor a = random_view({3, 1000}, DType::kFloat16, 30, Layout::kTransposed);
+  Tensor c = a.contiguous();
+  EXPECT_TRUE(c.is_contiguous());
+  EXPECT_TRUE(expect_equal(c, to_ref(a)));
+  Tensor d = c.contiguous();
+  EXPECT_TRUE(d.is_same(c));
+  Tensor e = c.clone();
+  EXPECT_FALSE(e.storage() == c.storage());
+  EXPECT_TRUE(expect_equal(e, to_ref(c)));
+  // f16 <-> f32 over long contiguous runs (the 8-wide F16C path and its tail).
+  Tensor f = random_tensor({10007}, DType::kFloat32, 31, -60000, 60000);
+  RefTensor expected = to_ref(f);
+  for (auto& v : expected.data) v = round_to_dtype(v, DType::kFloat16);
+  EXPECT_TRUE(expect_equal(f.to(DType::kFloat16), expected));
+  EXPECT_TRUE(expect_equal(f.to(DType::kFloat16).to(DType::kFloat32), expected));
+  for (auto& v : expected.data) v = round_to_dtype(v, DType::kBFloat16);
+  EXPECT_TRUE(expect_equal(f.to(DType::kBFloat16), to_ref(f.to(DType::kBFloat16))));
+}
+
+TEST(Copy, HalfRoundingIsToNearestEven) {
+  // 1 + 2^-11 lies halfway between two f16 values: it rounds to 1 (even).
+  Tensor a = Tensor::from_vector<float>({1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048, 70000.0f}, {3});
+  std::vector<float> h = a.to(DType::kFloat16).to_vector<float>();
+  EXPECT_EQ(h[0], 1.0f);
+  EXPECT_EQ(h[1], 1.0f + 4.0f / 2048);
+  EXPECT_TRUE(std::isinf(h[2]));
+  // bf16: 1 + 2^-8 halfway -> 1; 1 + 3*2^-8 -> 1 + 2^-6.
+  Tensor b = Tensor::from_vector<float>({1.0f + 1.0f / 256, 1.0f + 3.0f / 256}, {2});
+  std::vector<float> bf = b.to(DType::kBFloat16).to_vector<float>();
+  EXPECT_EQ(bf[0], 1.0f);
+  EXPECT_EQ(bf[1], 1.0f + 4.0f / 256);
+}
+
+TEST(Fill, FactoriesAndViews) {
+  for (DType dtype : kAllDTypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    EXPECT_TRUE(expect_equal(zeros({2, 3}, dtype), RefTensor({2, 3}, 0.0)));
+    EXPECT_TRUE(expect_equal(ones({4}, dtype), RefTensor({4}, 1.0)));
+    EXPECT_TRUE(expect_equal(full({3, 1, 2}, 5.0, dtype), RefTensor({3, 1, 2}, 5.0)));
+    EXPECT_TRUE(expect_equal(full({}, -2.0, dtype), RefTensor({}, -2.0)));
+    EXPECT_EQ(zeros({0, 5}, dtype).numel(), 0);
+    Tensor base = zeros({4, 6}, dtype);
+    Tensor v = base.slice(1, 1, 6, 2);
+    fill_(v, 3.0);
+    RefTensor expected({4, 6}, 0.0);
+    for (int64_t i = 0; i < 4; ++i)
+      for (int64_t j = 1; j < 6; j += 2) expected.at({i, j}) = 3.0;
+    EXPECT_TRUE(expect_equal(base, expected));
+  }
+  EXPECT_TRUE(expect_equal(arange(0, 5), RefTensor({5}, std::vector<double>{0, 1, 2, 3, 4})));
+  EXPECT_TRUE(expect_equal(arange(1, 2, 0.25, DType::kFloat32),
+                           RefTensor({4}, std::vector<double>{1, 1.25, 1.5, 1.75})));
+  EXPECT_TRUE(expect_equal(full({3}, 2.7, DType::kInt32), RefTensor({3}, 2.0)));
+}
+
+TEST(Copy, MemcpyBytesHostOnly) {
+  std::vector<uint8_t> src(1000), dst(1000, 0);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 7);
+  kernels::cpu::memcpy_bytes(dst.data(), Device::cpu(), src.data(), Device::cpu(), src.size());
+  EXPECT_EQ(dst, src);
+  EXPECT_TRUE(throws_with([&] {
+    kernels::cpu::memcpy_bytes(dst.data(), Device::cuda(0), src.data(), Device::cpu(), 8);
+  }, {"memcpy_bytes", "cuda:0"}));
+}
+
+TEST(Printing, NamesDtypeShapeAndValues) {
+  Tensor a = Tensor::from_vector<float>({1.5f, -2.0f, 3.25f, 4.0f}, {2, 2});
+  std::string s = a.str();
+  EXPECT_NE(s.find("float32"), std::string::npos) << s;
+  EXPECT_NE(s.find("3.25"), std::string::npos) << s;
+  EXPECT_EQ(a.describe(), "float32[2, 2] on cpu");
+  EXPECT_EQ(scalar_tensor(7.0, DType::kInt64).item(), 7.0);
+  EXPECT_EQ(a.t().to_vector<double>(), (std::vector<double>{1.5, 3.25, -2.0, 4.0}));
+}
+
+}  // namespace
+}  // namespace ringtrain
