@@ -1,0 +1,217 @@
+// engine_test.cc: the backward engine's contract: accumulation into leaves,
+// graph freeing and retain_graph, no_grad/detach, the hook order DDP relies on,
+// queued callbacks, and the errors for misuse (each must name the problem).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "autograd/autograd.h"
+#include "autograd/functions.h"
+#include "tensor/ops.h"
+
+namespace ringtrain {
+namespace {
+
+using autograd::backward;
+using autograd::grad;
+
+Tensor param(std::vector<float> values, Shape shape) {
+  Tensor t = Tensor::from_vector<float>(values, shape);
+  autograd::set_requires_grad(t);
+  return t;
+}
+
+std::vector<float> values(const Tensor& t) { return t.to_vector<float>(); }
+
+// Expects `f` to throw an Error whose message contains every string in `parts`.
+template <typename F>
+void expect_error(F f, std::vector<std::string> parts) {
+  try {
+    f();
+    FAIL() << "expected an exception mentioning " << parts[0];
+  } catch (const Error& e) {
+    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+  }
+}
+
+TEST(Engine, ChainRuleAndAccumulation) {
+  Tensor x = param({1, 2, 3}, {3});
+  // y = sum(x * x + 3x) -> dy/dx = 2x + 3
+  Tensor y = ag::sum(ag::add(ag::mul(x, x), ag::mul(x, 3.0)));
+  EXPECT_FLOAT_EQ(static_cast<float>(y.item()), 1 + 4 + 9 + 3 * 6);
+  backward(y);
+  EXPECT_EQ(values(grad(x)), (std::vector<float>{5, 7, 9}));
+  // A second graph accumulates into the same .grad.
+  backward(ag::sum(ag::mul(x, 2.0)));
+  EXPECT_EQ(values(grad(x)), (std::vector<float>{7, 9, 11}));
+  EXPECT_TRUE(autograd::is_leaf(x));
+  EXPECT_FALSE(autograd::is_leaf(y));
+  EXPECT_EQ(autograd::grad_fn(y)->name(), "sum");
+}
+
+TEST(Engine, DiamondRunsEachNodeOnce) {
+  Tensor x = param({2}, {1});
+  Tensor a = ag::mul(x, 3.0);             // a = 3x
+  Tensor b = ag::add(ag::mul(a, a), a);   // b = a^2 + a, both branches from a
+  backward(ag::sum(b));                   // db/dx = (2a + 1) * 3 = 39
+  EXPECT_FLOAT_EQ(values(grad(x))[0], 39.0f);
+}
+
+TEST(Engine, NoGradAndDetach) {
+  Tensor x = param({1, 2}, {2});
+  {
+    autograd::NoGradGuard guard;
+    Tensor y = ag::mul(x, 2.0);
+    EXPECT_FALSE(autograd::requires_grad(y));
+    {
+      autograd::EnableGradGuard enable;
+      EXPECT_TRUE(autograd::requires_grad(ag::mul(x, 2.0)));
+    }
+  }
+  EXPECT_TRUE(autograd::grad_enabled());
+  Tensor d = autograd::detach(ag::mul(x, 2.0));
+  EXPECT_FALSE(autograd::requires_grad(d));
+  EXPECT_EQ(d.storage(), d.storage());
+  // detach shares storage with the original
+  Tensor y = ag::mul(x, 1.0);
+  EXPECT_EQ(autograd::detach(y).storage().get(), y.storage().get());
+}
+
+TEST(Engine, ErrorsNameTheProblem) {
+  Tensor x = param({1, 2, 3}, {3});
+  expect_error([&] { backward(ag::mul(x, 2.0)); }, {"scalar", "float32[3]"});
+  Tensor c = Tensor::from_vector<float>({1}, {1});
+  expect_error([&] { backward(ag::mul(c, 2.0)); }, {"does not require grad"});
+
+  Tensor loss = ag::sum(ag::mul(x, x));
+  backward(loss);
+  expect_error([&] { backward(loss); }, {"second time", "sum", "retain_graph"});
+
+  // In-place change of a saved tensor is detected and names the op.
+  Tensor w = param({1, 2, 3}, {3});
+  Tensor y = ag::sum(ag::exp(w));  // exp saves its output
+  Tensor e = autograd::detach(w);
+  Tensor y2 = ag::sum(ag::mul(w, w));  // mul saves w itself
+  {
+    autograd::NoGradGuard guard;
+    add_(w, ones({3}));  // modifies w in place (bumps its version)
+  }
+  expect_error([&] { backward(y2); }, {"mul", "modified by an in-place operation"});
+  backward(y);  // exp saved its output, not w: still fine
+}
+
+TEST(Engine, RetainGraphAllowsSecondBackward) {
+  Tensor x = param({1, 2}, {2});
+  Tensor loss = ag::sum(ag::mul(x, x));
+  backward(loss, Tensor(), /*retain_graph=*/true);
+  backward(loss);
+  EXPECT_EQ(values(grad(x)), (std::vector<float>{4, 8}));
+}
+
+TEST(Engine, ExplicitRootGradient) {
+  Tensor x = param({1, 2, 3}, {3});
+  Tensor y = ag::mul(x, 2.0);
+  backward(y, Tensor::from_vector<float>({1, 10, 100}, {3}));
+  EXPECT_EQ(values(grad(x)), (std::vector<float>{2, 20, 200}));
+}
+
+TEST(Engine, GradHookCanReplaceGradient) {
+  Tensor x = param({1, 2}, {2});
+  std::vector<std::string> order;
+  autograd::register_hook(x, [&](const Tensor& g) {
+    order.push_back("leaf hook");
+    return mul(g, 10.0);
+  });
+  Tensor h = ag::mul(x, 3.0);
+  autograd::register_hook(h, [&](const Tensor& g) {
+    order.push_back("non-leaf hook");
+    return add(g, 1.0);
+  });
+  autograd::register_post_accumulate_grad_hook(x, [&](const Tensor& leaf) {
+    order.push_back("post-accumulate");
+    EXPECT_TRUE(grad(leaf).defined());
+  });
+  backward(ag::sum(h));
+  // dL/dh = 1 -> hook -> 2; dL/dx = 3 * 2 = 6 -> leaf hook -> 60
+  EXPECT_EQ(values(grad(x)), (std::vector<float>{60, 60}));
+  EXPECT_EQ(order, (std::vector<std::string>{"non-leaf hook", "leaf hook", "post-accumulate"}));
+}
+
+TEST(Engine, HookHandleRemoves) {
+  Tensor x = param({1}, {1});
+  int calls = 0;
+  auto handle = autograd::register_post_accumulate_grad_hook(x, [&](const Tensor&) { ++calls; });
+  backward(ag::sum(x));
+  handle.remove();
+  backward(ag::sum(x));
+  EXPECT_EQ(calls, 1);
+}
+
+TEST(Engine, PostAccumulateHooksFireInReadyOrderAndCallbackRunsLast) {
+  // A 3-layer chain: the last layer's parameter is ready first (reverse of forward).
+  Tensor w1 = param({1}, {1}), w2 = param({1}, {1}), w3 = param({1}, {1});
+  Tensor x = Tensor::from_vector<float>({2}, {1});
+  std::vector<std::string> events;
+  int queued = 0;
+  for (auto [w, name] : {std::pair{w1, "w1"}, std::pair{w2, "w2"}, std::pair{w3, "w3"}}) {
+    std::string n = name;
+    autograd::register_post_accumulate_grad_hook(w, [&, n](const Tensor&) {
+      events.push_back(n);
+      if (queued++ == 0)
+        autograd::queue_callback([&] {
+          events.push_back("end");
+          EXPECT_TRUE(autograd::in_backward());
+          autograd::queue_callback([&] { events.push_back("end2"); });  // callbacks may queue more
+        });
+    });
+  }
+  Tensor y = ag::mul(ag::mul(ag::mul(x, w1), w2), w3);
+  backward(ag::sum(y));
+  EXPECT_EQ(events, (std::vector<std::string>{"w3", "w2", "w1", "end", "end2"}));
+  EXPECT_FALSE(autograd::in_backward());
+  expect_error([] { autograd::queue_callback([] {}); }, {"no backward pass is running"});
+}
+
+TEST(Engine, StealsGradientWithoutCopy) {
+  // The first gradient of a leaf is adopted, later ones are added in place.
+  Tensor w = param({1, 2, 3, 4}, {2, 2});
+  Tensor x = Tensor::from_vector<float>({1, 1}, {1, 2});
+  backward(ag::sum(ag::matmul(x, w)));
+  Tensor g1 = grad(w);
+  backward(ag::sum(ag::matmul(x, w)));
+  EXPECT_TRUE(grad(w).is_same(g1));  // same tensor, updated in place
+  EXPECT_EQ(values(grad(w)), (std::vector<float>{2, 2, 2, 2}));
+}
+
+TEST(Engine, FreesGraphWhenDone) {
+  std::weak_ptr<autograd::Node> node;
+  Tensor x = param({1, 2}, {2});
+  {
+    Tensor loss = ag::sum(ag::exp(x));
+    node = autograd::grad_fn(loss);
+    backward(loss);
+    EXPECT_TRUE(node.lock()->released());
+  }
+  EXPECT_TRUE(node.expired());  // no reference cycle keeps the graph alive
+}
+
+TEST(Engine, SavingOutputMakesNoCycle) {
+  std::weak_ptr<autograd::Node> node;
+  {
+    Tensor x = param({1, 2}, {2});
+    Tensor y = ag::exp(x);  // saves its own output
+    node = autograd::grad_fn(y);
+  }
+  EXPECT_TRUE(node.expired());
+}
+
+TEST(Engine, MultipleRoots) {
+  Tensor x = param({1, 2}, {2});
+  backward({ag::sum(ag::mul(x, 2.0)), ag::mul(x, 3.0)},
+           {Tensor(), Tensor::from_vector<float>({1, 1}, {2})});
+  EXPECT_EQ(values(grad(x)), (std::vector<float>{5, 5}));
+}
+
+}  // namespace
+}  // namespace ringtrain

@@ -1,0 +1,235 @@
+// gradcheck_ops_test.cc: every differentiable op in autograd/functions.h checked
+// against central finite differences in float64 (autograd/gradcheck.h), with
+// broadcasting, non-contiguous inputs and the ops' options exercised.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <vector>
+
+#include "autograd/autograd.h"
+#include "autograd/functions.h"
+#include "autograd/gradcheck.h"
+#include "autograd/graph.h"
+#include "tensor/ops.h"
+
+namespace ringtrain {
+namespace {
+
+using autograd::gradcheck;
+using Inputs = std::vector<Tensor>;
+
+// A float64 leaf that requires grad, values uniform in [low, high).
+Tensor leaf(const Shape& shape, uint64_t seed, double low = -1.0, double high = 1.0) {
+  Generator gen(seed);
+  Tensor t = Tensor::empty(shape, DType::kFloat64);
+  uniform_(t, low, high, gen);
+  autograd::set_requires_grad(t);
+  return t;
+}
+
+void expect_gradcheck(const char* what, const std::function<Tensor(const Inputs&)>& f, const Inputs& in,
+                      autograd::GradcheckOptions opt = {}) {
+  auto r = gradcheck(f, in, opt);
+  EXPECT_TRUE(r.ok) << what << ": " << r.message << " (max abs error " << r.max_abs_error << ")";
+}
+
+TEST(GradcheckOps, BinaryBroadcasting) {
+  Inputs in = {leaf({3, 4}, 1), leaf({4}, 2, 0.5, 1.5)};
+  expect_gradcheck("add", [](const Inputs& x) { return ag::add(x[0], x[1]); }, in);
+  expect_gradcheck("sub", [](const Inputs& x) { return ag::sub(x[0], x[1]); }, in);
+  expect_gradcheck("mul", [](const Inputs& x) { return ag::mul(x[0], x[1]); }, in);
+  expect_gradcheck("div", [](const Inputs& x) { return ag::div(x[0], x[1]); }, in);
+  expect_gradcheck("maximum", [](const Inputs& x) { return ag::maximum(x[0], x[1]); }, in);
+  expect_gradcheck("minimum", [](const Inputs& x) { return ag::minimum(x[0], x[1]); }, in);
+  Inputs pos = {leaf({2, 3}, 3, 0.5, 2.0), leaf({2, 1}, 4, -1.0, 2.0)};
+  expect_gradcheck("pow(t,t)", [](const Inputs& x) { return ag::pow(x[0], x[1]); }, pos);
+}
+
+TEST(GradcheckOps, Scalar) {
+  Inputs in = {leaf({2, 5}, 5, 0.5, 2.0)};
+  expect_gradcheck("add s", [](const Inputs& x) { return ag::add(x[0], 3.0); }, in);
+  expect_gradcheck("sub s", [](const Inputs& x) { return ag::sub(x[0], 3.0); }, in);
+  expect_gradcheck("mul s", [](const Inputs& x) { return ag::mul(x[0], -2.5); }, in);
+  expect_gradcheck("div s", [](const Inputs& x) { return ag::div(x[0], 4.0); }, in);
+  expect_gradcheck("pow s", [](const Inputs& x) { return ag::pow(x[0], 2.5); }, in);
+}
+
+TEST(GradcheckOps, Unary) {
+  Inputs in = {leaf({3, 4}, 6)};
+  Inputs pos = {leaf({3, 4}, 7, 0.2, 2.0)};
+  expect_gradcheck("neg", [](const Inputs& x) { return ag::neg(x[0]); }, in);
+  expect_gradcheck("exp", [](const Inputs& x) { return ag::exp(x[0]); }, in);
+  expect_gradcheck("log", [](const Inputs& x) { return ag::log(x[0]); }, pos);
+  expect_gradcheck("sqrt", [](const Inputs& x) { return ag::sqrt(x[0]); }, pos);
+  expect_gradcheck("abs", [](const Inputs& x) { return ag::abs(x[0]); }, in);
+  expect_gradcheck("relu", [](const Inputs& x) { return ag::relu(x[0]); }, in);
+  expect_gradcheck("gelu", [](const Inputs& x) { return ag::gelu(x[0]); }, in);
+  expect_gradcheck("tanh", [](const Inputs& x) { return ag::tanh(x[0]); }, in);
+  expect_gradcheck("sigmoid", [](const Inputs& x) { return ag::sigmoid(x[0]); }, in);
+}
+
+TEST(GradcheckOps, WhereMaskedFill) {
+  Inputs in = {leaf({3, 4}, 8), leaf({4}, 9)};
+  Tensor cond = gt(Tensor::from_vector<double>({1, 0, 1, 1, 0, 0, 1, 0, 1, 1, 0, 1}, {3, 4}), 0.5);
+  expect_gradcheck("where", [&](const Inputs& x) { return ag::where(cond, x[0], x[1]); }, in);
+  expect_gradcheck("masked_fill", [&](const Inputs& x) { return ag::masked_fill(x[0], cond, 7.0); }, in);
+}
+
+TEST(GradcheckOps, Reductions) {
+  Inputs in = {leaf({2, 3, 4}, 10)};
+  expect_gradcheck("sum all", [](const Inputs& x) { return ag::sum(x[0]); }, in);
+  expect_gradcheck("sum dims", [](const Inputs& x) { return ag::sum(x[0], {0, 2}); }, in);
+  expect_gradcheck("sum keepdim", [](const Inputs& x) { return ag::sum(x[0], {1}, true); }, in);
+  expect_gradcheck("mean", [](const Inputs& x) { return ag::mean(x[0], {-1}); }, in);
+  expect_gradcheck("mean all", [](const Inputs& x) { return ag::mean(x[0]); }, in);
+  expect_gradcheck("amax", [](const Inputs& x) { return ag::amax(x[0], {1}); }, in);
+  expect_gradcheck("amin", [](const Inputs& x) { return ag::amin(x[0], {2}, true); }, in);
+  expect_gradcheck("max dim", [](const Inputs& x) { return ag::max(x[0], 1).first; }, in);
+  expect_gradcheck("max keepdim", [](const Inputs& x) { return ag::max(x[0], 2, true).first; }, in);
+}
+
+TEST(GradcheckOps, Matmul) {
+  expect_gradcheck("2d", [](const Inputs& x) { return ag::matmul(x[0], x[1]); },
+                   {leaf({3, 4}, 11), leaf({4, 5}, 12)});
+  expect_gradcheck("batched broadcast", [](const Inputs& x) { return ag::matmul(x[0], x[1]); },
+                   {leaf({2, 3, 4}, 13), leaf({4, 2}, 14)});
+  expect_gradcheck("vector-matrix", [](const Inputs& x) { return ag::matmul(x[0], x[1]); },
+                   {leaf({4}, 15), leaf({4, 3}, 16)});
+  expect_gradcheck("matrix-vector", [](const Inputs& x) { return ag::matmul(x[0], x[1]); },
+                   {leaf({3, 4}, 17), leaf({4}, 18)});
+  expect_gradcheck("transposed view", [](const Inputs& x) { return ag::matmul(ag::transpose(x[0], 0, 1), x[1]); },
+                   {leaf({4, 3}, 19), leaf({4, 2}, 20)});
+  expect_gradcheck("linear", [](const Inputs& x) { return ag::linear(x[0], x[1], x[2]); },
+                   {leaf({5, 4}, 21), leaf({3, 4}, 22), leaf({3}, 23)});
+  expect_gradcheck("linear 3d no bias", [](const Inputs& x) { return ag::linear(x[0], x[1], Tensor()); },
+                   {leaf({2, 5, 4}, 24), leaf({3, 4}, 25)});
+}
+
+TEST(GradcheckOps, Views) {
+  Inputs in = {leaf({2, 3, 4}, 26)};
+  expect_gradcheck("reshape", [](const Inputs& x) { return ag::reshape(x[0], {6, 4}); }, in);
+  expect_gradcheck("view", [](const Inputs& x) { return ag::view(x[0], {4, -1}); }, in);
+  expect_gradcheck("flatten", [](const Inputs& x) { return ag::flatten(x[0], 1); }, in);
+  expect_gradcheck("transpose", [](const Inputs& x) { return ag::transpose(x[0], 0, 2); }, in);
+  expect_gradcheck("permute", [](const Inputs& x) { return ag::permute(x[0], {2, 0, 1}); }, in);
+  expect_gradcheck("narrow", [](const Inputs& x) { return ag::narrow(x[0], 2, 1, 2); }, in);
+  expect_gradcheck("slice step", [](const Inputs& x) { return ag::slice(x[0], 2, 0, 4, 2); }, in);
+  expect_gradcheck("select", [](const Inputs& x) { return ag::select(x[0], 1, 2); }, in);
+  expect_gradcheck("unsqueeze", [](const Inputs& x) { return ag::unsqueeze(x[0], 1); }, in);
+  expect_gradcheck("squeeze", [](const Inputs& x) { return ag::squeeze(ag::narrow(x[0], 1, 0, 1), 1); }, in);
+  expect_gradcheck("contiguous", [](const Inputs& x) { return ag::contiguous(ag::transpose(x[0], 1, 2)); }, in);
+  expect_gradcheck("clone", [](const Inputs& x) { return ag::clone(x[0]); }, in);
+  expect_gradcheck("expand", [](const Inputs& x) { return ag::expand(x[0], {3, 2, 3, 4}); }, in);
+  expect_gradcheck("expand 1", [](const Inputs& x) { return ag::expand(x[0], {3, 4}); }, {leaf({3, 1}, 27)});
+  expect_gradcheck("view of view", [](const Inputs& x) {
+    return ag::mul(ag::transpose(ag::reshape(x[0], {6, 4}), 0, 1), 2.0);
+  }, in);
+}
+
+TEST(GradcheckOps, Joins) {
+  Inputs in = {leaf({2, 3}, 28), leaf({2, 1}, 29), leaf({2, 3}, 30)};
+  expect_gradcheck("cat", [](const Inputs& x) { return ag::cat({x[0], x[1], x[2]}, 1); }, in);
+  expect_gradcheck("stack", [](const Inputs& x) { return ag::stack({x[0], x[2]}, 1); }, in);
+  expect_gradcheck("chunk", [](const Inputs& x) {
+    auto parts = ag::chunk(x[0], 3, 1);
+    return ag::add(ag::mul(parts[0], 2.0), ag::mul(parts[2], parts[1]));
+  }, in);
+  expect_gradcheck("split", [](const Inputs& x) {
+    auto parts = ag::split(x[0], 1, 0);
+    return ag::sub(parts[0], ag::mul(parts[1], 3.0));
+  }, in);
+  expect_gradcheck("reused input", [](const Inputs& x) {
+    return ag::mul(ag::add(x[0], x[0]), ag::exp(x[0]));
+  }, in);
+}
+
+TEST(GradcheckOps, ConvPool) {
+  Conv2dParams p;
+  p.stride_h = p.stride_w = 2;
+  p.pad_h = p.pad_w = 1;
+  expect_gradcheck("conv2d", [&](const Inputs& x) { return ag::conv2d(x[0], x[1], x[2], p); },
+                   {leaf({2, 3, 5, 5}, 31), leaf({4, 3, 3, 3}, 32), leaf({4}, 33)});
+  Conv2dParams g;
+  g.groups = 2;
+  expect_gradcheck("conv2d groups", [&](const Inputs& x) { return ag::conv2d(x[0], x[1], Tensor(), g); },
+                   {leaf({1, 4, 4, 4}, 34), leaf({2, 2, 3, 3}, 35)});
+  Pool2dParams pp;
+  expect_gradcheck("max_pool2d", [&](const Inputs& x) { return ag::max_pool2d(x[0], pp); },
+                   {leaf({2, 2, 4, 6}, 36)});
+  Pool2dParams ap;
+  ap.kernel_h = ap.kernel_w = 3;
+  ap.stride_h = ap.stride_w = 2;
+  ap.pad_h = ap.pad_w = 1;
+  expect_gradcheck("avg_pool2d", [&](const Inputs& x) { return ag::avg_pool2d(x[0], ap); },
+                   {leaf({2, 2, 5, 5}, 37)});
+}
+
+TEST(GradcheckOps, SoftmaxAndNorms) {
+  Inputs in = {leaf({3, 5}, 38, -2, 2)};
+  expect_gradcheck("softmax", [](const Inputs& x) { return ag::softmax(x[0], 1); }, in);
+  expect_gradcheck("softmax dim0", [](const Inputs& x) { return ag::softmax(x[0], 0); }, in);
+  expect_gradcheck("log_softmax", [](const Inputs& x) { return ag::log_softmax(x[0], -1); }, in);
+  Inputs bn = {leaf({4, 3, 2, 2}, 39), leaf({3}, 40), leaf({3}, 41)};
+  expect_gradcheck("batch_norm train", [](const Inputs& x) {
+    return ag::batch_norm(x[0], x[1], x[2], Tensor(), Tensor(), true, 0.1, 1e-5);
+  }, bn);
+  Tensor rm = Tensor::from_vector<double>({0.1, -0.2, 0.3}, {3});
+  Tensor rv = Tensor::from_vector<double>({1.5, 0.5, 2.0}, {3});
+  expect_gradcheck("batch_norm eval", [&](const Inputs& x) {
+    return ag::batch_norm(x[0], x[1], x[2], rm, rv, false, 0.1, 1e-5);
+  }, bn);
+  expect_gradcheck("batch_norm 1d no affine", [](const Inputs& x) {
+    return ag::batch_norm(x[0], Tensor(), Tensor(), Tensor(), Tensor(), true, 0.1, 1e-5);
+  }, {leaf({6, 3}, 42)});
+  Inputs ln = {leaf({2, 3, 4}, 43), leaf({3, 4}, 44), leaf({3, 4}, 45)};
+  expect_gradcheck("layer_norm", [](const Inputs& x) { return ag::layer_norm(x[0], {3, 4}, x[1], x[2], 1e-5); }, ln);
+  expect_gradcheck("layer_norm last", [](const Inputs& x) {
+    return ag::layer_norm(x[0], {4}, Tensor(), Tensor(), 1e-5);
+  }, {leaf({2, 3, 4}, 46)});
+}
+
+TEST(GradcheckOps, DropoutEmbeddingIndex) {
+  expect_gradcheck("dropout", [](const Inputs& x) {
+    Generator gen(7);  // same mask on every call: f stays deterministic
+    return ag::dropout(x[0], 0.4, true, gen);
+  }, {leaf({4, 5}, 47)});
+  Tensor idx = Tensor::from_vector<int64_t>({0, 2, 2, 4, 1, 0}, {2, 3});
+  expect_gradcheck("embedding", [&](const Inputs& x) { return ag::embedding(x[0], idx); }, {leaf({5, 3}, 48)});
+  Tensor idx1 = Tensor::from_vector<int64_t>({3, 0, 3}, {3});
+  expect_gradcheck("index_select", [&](const Inputs& x) { return ag::index_select(x[0], 1, idx1); },
+                   {leaf({2, 4}, 49)});
+}
+
+TEST(GradcheckOps, Losses) {
+  Tensor targets = Tensor::from_vector<int64_t>({1, 0, 3, -100, 2}, {5});
+  Inputs in = {leaf({5, 4}, 50, -2, 2)};
+  expect_gradcheck("cross_entropy", [&](const Inputs& x) { return ag::cross_entropy(x[0], targets); }, in);
+  expect_gradcheck("cross_entropy smoothing", [&](const Inputs& x) {
+    return ag::cross_entropy(x[0], targets, -100, 0.2);
+  }, in);
+  expect_gradcheck("cross_entropy ignore 3", [&](const Inputs& x) {
+    return ag::cross_entropy(x[0], Tensor::from_vector<int64_t>({1, 0, 3, 3, 2}, {5}), 3, 0.1);
+  }, in);
+  expect_gradcheck("mse", [](const Inputs& x) { return ag::mse_loss(x[0], x[1]); },
+                   {leaf({3, 4}, 51), leaf({3, 4}, 52)});
+}
+
+TEST(GradcheckOps, ToDtype) {
+  expect_gradcheck("to f32 and back", [](const Inputs& x) {
+    return ag::to(ag::mul(ag::to(x[0], DType::kFloat32), 2.0), DType::kFloat64);
+  }, {leaf({3}, 53)}, {1e-3, 1e-3, 1e-2, 0});
+}
+
+TEST(GradcheckOps, DetectsAWrongRule) {
+  // A deliberately wrong rule must fail: the checker itself can fail.
+  auto wrong = [](const Inputs& x) {
+    return autograd::record("wrong_square", {x[0]}, mul(x[0], x[0]), {x[0]},
+                            [](const Tensor& g, autograd::BackwardContext& c) -> std::vector<Tensor> {
+                              return {mul(g, c.saved(0))};  // missing the factor 2
+                            });
+  };
+  EXPECT_FALSE(gradcheck(wrong, {leaf({4}, 54)}).ok);
+}
+
+}  // namespace
+}  // namespace ringtrain
