@@ -15,6 +15,9 @@
 
 namespace ringtrain::nn {
 
+// Call these qualified (nn::cross_entropy): ringtrain::cross_entropy (the plain,
+// non-recording op in tensor/ops.h) has the same signature and is found by
+// argument-dependent lookup, so an unqualified call is ambiguous.
 inline Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100,
                             double label_smoothing = 0.0) {
   return ag::cross_entropy(logits, targets, ignore_index, label_smoothing);

@@ -1,0 +1,233 @@
+// module_test.cc: Module's contract: ordered names, state_dict round trips,
+// strict-load errors that list every problem and change nothing, train/eval,
+// to(dtype) keeping identity, deep clone, PyTorch's initialisation ranges.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "autograd/autograd.h"
+#include "autograd/functions.h"
+#include "nn/layers.h"
+#include "nn/module.h"
+#include "tensor/ops.h"
+
+namespace ringtrain::nn {
+namespace {
+
+std::vector<std::string> names(const std::vector<std::pair<std::string, Tensor>>& list) {
+  std::vector<std::string> out;
+  for (auto& [n, t] : list) out.push_back(n);
+  return out;
+}
+
+// A user-defined model, written the way module.h asks (slots, Cloneable).
+class TwoLayer : public Cloneable<TwoLayer> {
+ public:
+  explicit TwoLayer(Generator& gen) : Cloneable("TwoLayer") {
+    fc1_ = register_module("fc1", make<Linear>(3, 4, true, gen));
+    bn_ = register_module("bn", make<BatchNorm1d>(4));
+    fc2_ = register_module("fc2", make<Linear>(4, 2, true, gen));
+    scale_ = register_parameter("scale", ones({2}));
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = ag::relu(child(bn_).forward(child(fc1_).forward(x)));
+    return ag::mul(child(fc2_).forward(h), param(scale_));
+  }
+
+ private:
+  ChildSlot<Linear> fc1_, fc2_;
+  ChildSlot<BatchNorm1d> bn_;
+  ParamSlot scale_;
+};
+
+TEST(Module, NamesInPyTorchOrder) {
+  Generator gen(1);
+  TwoLayer m(gen);
+  EXPECT_EQ(names(m.named_parameters()),
+            (std::vector<std::string>{"scale", "fc1.weight", "fc1.bias", "bn.weight", "bn.bias",
+                                      "fc2.weight", "fc2.bias"}));
+  EXPECT_EQ(names(m.named_buffers()),
+            (std::vector<std::string>{"bn.running_mean", "bn.running_var", "bn.num_batches_tracked"}));
+  EXPECT_EQ(names(m.state_dict()),
+            (std::vector<std::string>{"scale", "fc1.weight", "fc1.bias", "bn.weight", "bn.bias",
+                                      "bn.running_mean", "bn.running_var", "bn.num_batches_tracked",
+                                      "fc2.weight", "fc2.bias"}));
+  EXPECT_EQ(m.parameters().size(), 7u);
+  EXPECT_EQ(m.num_parameters(), 2u + 12 + 4 + 4 + 4 + 8 + 2);
+  EXPECT_TRUE(m.param("fc1.weight").is_same(m.parameters()[1]));
+  Sequential seq({make<Linear>(2, 3), make<ReLU>(), make<Linear>(3, 1)});
+  EXPECT_EQ(names(seq.named_parameters()),
+            (std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"}));
+  EXPECT_NE(seq.str().find("(0): Linear(in_features=2, out_features=3, bias=true)"), std::string::npos)
+      << seq.str();
+}
+
+TEST(Module, DuplicateAndBadNamesThrow) {
+  struct Bad : Cloneable<Bad> {
+    Bad() : Cloneable("Bad") {
+      register_parameter("w", ones({1}));
+      EXPECT_THROW(register_buffer("w", ones({1})), Error);
+      EXPECT_THROW(register_parameter("a.b", ones({1})), Error);
+    }
+  };
+  Bad b;
+  EXPECT_THROW(b.param("nope"), Error);
+}
+
+TEST(Module, StateDictRoundTrip) {
+  Generator g1(1), g2(2);
+  TwoLayer a(g1), b(g2);
+  EXPECT_GT(max_abs_diff(a.param("fc1.weight"), b.param("fc1.weight")), 0.0);
+  Tensor b_weight = b.param("fc1.weight");
+  auto result = b.load_state_dict(a.state_dict());
+  EXPECT_TRUE(result.missing_keys.empty() && result.unexpected_keys.empty());
+  auto sa = a.state_dict(), sb = b.state_dict();
+  ASSERT_EQ(sa.size(), sb.size());
+  for (size_t i = 0; i < sa.size(); ++i) {
+    EXPECT_EQ(sa[i].first, sb[i].first);
+    EXPECT_EQ(max_abs_diff(sa[i].second, sb[i].second), 0.0) << sa[i].first;
+  }
+  EXPECT_TRUE(b.param("fc1.weight").is_same(b_weight));  // identity kept
+  // state_dict tensors share storage but carry no history
+  EXPECT_FALSE(autograd::requires_grad(a.state_dict()[1].second));
+}
+
+TEST(Module, StrictLoadListsEveryProblemAndChangesNothing) {
+  Generator g1(1), g2(2);
+  TwoLayer a(g1), b(g2);
+  StateDict dict = a.state_dict();
+  dict.erase(dict.begin() + 1);                           // missing fc1.weight
+  dict.emplace_back("extra.thing", ones({1}));            // unexpected
+  dict[0].second = ones({5});                             // scale: wrong shape
+  Tensor before = b.param("fc2.weight").clone();
+  try {
+    b.load_state_dict(dict);
+    FAIL() << "strict load should throw";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("missing keys (1): fc1.weight"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("unexpected keys (1): extra.thing"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("scale: checkpoint [5] vs model [2]"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("nothing was changed"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(max_abs_diff(before, b.param("fc2.weight")), 0.0);
+  // Non-strict: still refuses shape mismatches, reports the rest.
+  dict[0].second = ones({2});
+  auto r = b.load_state_dict(dict, /*strict=*/false);
+  EXPECT_EQ(r.missing_keys, (std::vector<std::string>{"fc1.weight"}));
+  EXPECT_EQ(r.unexpected_keys, (std::vector<std::string>{"extra.thing"}));
+  EXPECT_EQ(max_abs_diff(a.param("fc2.weight"), b.param("fc2.weight")), 0.0);
+}
+
+TEST(Module, TrainEvalAndBatchNormBuffers) {
+  Generator gen(3);
+  TwoLayer m(gen);
+  EXPECT_TRUE(m.is_training());
+  Tensor x = randn({8, 3}, gen);
+  m.forward(x);
+  EXPECT_EQ(m.buffer("bn.num_batches_tracked").item(), 1.0);
+  Tensor rm = m.buffer("bn.running_mean").clone();
+  EXPECT_GT(max_abs_diff(rm, zeros({4})), 0.0);
+  m.eval();
+  for (auto& [name, child] : m.named_modules()) EXPECT_FALSE(child->is_training()) << name;
+  m.forward(x);
+  EXPECT_EQ(max_abs_diff(rm, m.buffer("bn.running_mean")), 0.0);  // eval does not update
+  EXPECT_EQ(m.buffer("bn.num_batches_tracked").item(), 1.0);
+}
+
+TEST(Module, ToDtypeKeepsIdentity) {
+  Generator gen(4);
+  TwoLayer m(gen);
+  Tensor w = m.param("fc1.weight");
+  std::vector<double> before = w.to_vector<double>();
+  m.to(DType::kFloat64);
+  EXPECT_TRUE(m.param("fc1.weight").is_same(w));
+  EXPECT_EQ(w.dtype(), DType::kFloat64);
+  EXPECT_EQ(w.to_vector<double>(), before);
+  EXPECT_EQ(m.buffer("bn.num_batches_tracked").dtype(), DType::kInt64);
+  EXPECT_EQ(m.buffer("bn.running_var").dtype(), DType::kFloat64);
+  EXPECT_TRUE(autograd::requires_grad(w));
+  Tensor y = m.forward(randn({4, 3}, gen, DType::kFloat64));
+  EXPECT_EQ(y.dtype(), DType::kFloat64);
+}
+
+TEST(Module, CloneIsDeep) {
+  Generator gen(5);
+  auto m = std::make_shared<TwoLayer>(gen);
+  Tensor x = randn({6, 3}, gen);
+  Tensor y0 = m->forward(x);
+  std::shared_ptr<Module> copy = m->clone();
+  EXPECT_EQ(copy->type_name(), "TwoLayer");
+  auto p = m->named_parameters(), q = copy->named_parameters();
+  ASSERT_EQ(names(p), names(q));
+  for (size_t i = 0; i < p.size(); ++i) {
+    EXPECT_NE(p[i].second.storage().get(), q[i].second.storage().get()) << p[i].first;
+    EXPECT_EQ(max_abs_diff(p[i].second, q[i].second), 0.0);
+    EXPECT_TRUE(autograd::requires_grad(q[i].second));
+  }
+  // The copy computes with its own tensors: changing the original does not affect it.
+  Tensor y1 = copy->forward(x);
+  {
+    autograd::NoGradGuard g;
+    fill_(m->param("fc2.weight"), 0.0);
+  }
+  EXPECT_LT(max_abs_diff(copy->forward(x), y1), 1e-6);
+  EXPECT_GT(max_abs_diff(m->forward(x), y1), 1e-3);
+  // Gradients flow to the copy's parameters only.
+  autograd::backward(ag::sum(copy->forward(x)));
+  EXPECT_TRUE(autograd::grad(q[1].second).defined());
+  EXPECT_FALSE(autograd::grad(p[1].second).defined());
+  (void)y0;
+}
+
+TEST(Module, NotCloneableSaysHowToFix) {
+  struct Plain : Module {
+    Plain() : Module("Plain") {}
+  };
+  Plain p;
+  try {
+    p.clone();
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Cloneable<"), std::string::npos);
+  }
+}
+
+TEST(Module, PyTorchInitRanges) {
+  Generator gen(6);
+  Linear fc(256, 64, true, gen);
+  double bound = 1.0 / std::sqrt(256.0);
+  for (const Tensor& t : {fc.weight(), fc.bias()}) {
+    auto v = t.to_vector<double>();
+    double lo = *std::min_element(v.begin(), v.end()), hi = *std::max_element(v.begin(), v.end());
+    EXPECT_GE(lo, -bound);
+    EXPECT_LE(hi, bound);
+    EXPECT_LT(lo, -0.9 * bound);  // actually spans the range
+    EXPECT_GT(hi, 0.9 * bound);
+  }
+  Conv2d conv(3, 8, 3, 1, 1, true, gen);
+  auto cw = conv.weight().to_vector<double>();
+  double cb = 1.0 / std::sqrt(27.0);
+  EXPECT_LE(*std::max_element(cw.begin(), cw.end()), cb);
+  EXPECT_GT(*std::max_element(cw.begin(), cw.end()), 0.8 * cb);
+  // Same seed, same model.
+  Generator a(9), b(9);
+  EXPECT_EQ(max_abs_diff(Linear(5, 5, true, a).weight(), Linear(5, 5, true, b).weight()), 0.0);
+}
+
+TEST(Module, ZeroGrad) {
+  Generator gen(7);
+  Linear fc(3, 2, true, gen);
+  autograd::backward(ag::sum(fc.forward(ones({1, 3}))));
+  EXPECT_TRUE(autograd::grad(fc.weight()).defined());
+  fc.zero_grad(/*set_to_none=*/false);
+  EXPECT_EQ(sum(abs(autograd::grad(fc.weight()))).item(), 0.0);
+  fc.zero_grad();
+  EXPECT_FALSE(autograd::grad(fc.weight()).defined());
+}
+
+}  // namespace
+}  // namespace ringtrain::nn

@@ -1,0 +1,284 @@
+// optim_test.cc: a Linear + cross-entropy step against hand-computed numbers;
+// SGD (momentum, dampening, Nesterov, weight decay), Adam, AdamW (and amsgrad)
+// against PyTorch's update formulas written out in scalar form here;
+// clip_grad_norm_; LR schedules; optimizer and schedule state round trips.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numbers>
+#include <vector>
+
+#include "autograd/autograd.h"
+#include "autograd/functions.h"
+#include "nn/layers.h"
+#include "nn/loss.h"
+#include "nn/lr_scheduler.h"
+#include "nn/optim.h"
+#include "tensor/ops.h"
+
+namespace ringtrain::nn {
+namespace {
+
+Tensor param64(std::vector<double> v) {
+  Tensor t = Tensor::from_vector<double>(v, {static_cast<int64_t>(v.size())});
+  autograd::set_requires_grad(t);
+  return t;
+}
+
+// The gradient fed at step s (same for every test): g_s[i] = (i + 1) * 0.3 - 0.2 * s.
+std::vector<double> grad_at(int step, size_t n) {
+  std::vector<double> g(n);
+  for (size_t i = 0; i < n; ++i) g[i] = (static_cast<double>(i) + 1) * 0.3 - 0.2 * step;
+  return g;
+}
+
+void set_grad(const Tensor& p, const std::vector<double>& g) {
+  autograd::set_grad(p, Tensor::from_vector<double>(g, p.shape()));
+}
+
+void expect_near(const Tensor& t, const std::vector<double>& expected, double tol, const char* what) {
+  auto v = t.to_vector<double>();
+  ASSERT_EQ(v.size(), expected.size());
+  for (size_t i = 0; i < v.size(); ++i) EXPECT_NEAR(v[i], expected[i], tol) << what << " element " << i;
+}
+
+TEST(Optim, LinearCrossEntropyStepMatchesHandComputedValues) {
+  Linear fc(2, 2);
+  {
+    autograd::NoGradGuard g;
+    fc.weight().copy_(Tensor::from_vector<float>({0.1f, 0.2f, -0.3f, 0.4f}, {2, 2}));
+    fc.bias().copy_(Tensor::from_vector<float>({0.05f, -0.05f}, {2}));
+  }
+  Tensor x = Tensor::from_vector<float>({1, 2, -1, 0.5}, {2, 2});
+  Tensor t = Tensor::from_vector<int64_t>({1, 0}, {2});
+  Tensor loss = nn::cross_entropy(fc.forward(x), t);
+  // logits [[0.55, 0.45], [0.05, 0.45]]; loss = mean(-log softmax[target]) (by hand, in Python's math)
+  EXPECT_NEAR(loss.item(), 0.8287059562367618, 1e-6);
+  autograd::backward(loss);
+  expect_near(autograd::grad(fc.weight()), {0.561833423795696, 0.375307272450827, -0.561833423795696,
+                                            -0.375307272450827}, 1e-6, "dW");
+  expect_near(autograd::grad(fc.bias()), {-0.036854236316755995, 0.036854236316755995}, 1e-6, "db");
+  SGD opt(fc.parameters(), {.lr = 0.5});
+  opt.step();
+  expect_near(fc.weight(), {-0.180916711897848, 0.012346363774586505, -0.019083288102151985,
+                            0.5876536362254136}, 1e-6, "W after step");
+  expect_near(fc.bias(), {0.068427118158378, -0.068427118158378}, 1e-6, "b after step");
+}
+
+// PyTorch's SGD, scalar form (torch/optim/sgd.py _single_tensor_sgd).
+std::vector<double> sgd_reference(std::vector<double> p, int steps, double lr, double momentum,
+                                  double dampening, double wd, bool nesterov) {
+  std::vector<double> buf(p.size());
+  for (int s = 0; s < steps; ++s) {
+    auto g = grad_at(s, p.size());
+    for (size_t i = 0; i < p.size(); ++i) {
+      double d = g[i] + wd * p[i];
+      if (momentum != 0) {
+        buf[i] = s == 0 ? d : momentum * buf[i] + (1 - dampening) * d;
+        d = nesterov ? d + momentum * buf[i] : buf[i];
+      }
+      p[i] -= lr * d;
+    }
+  }
+  return p;
+}
+
+void run_sgd(const SGDOptions& o, const char* what) {
+  std::vector<double> init = {1.0, -2.0, 0.5};
+  Tensor p = param64(init);
+  SGD opt({p}, o);
+  for (int s = 0; s < 4; ++s) {
+    set_grad(p, grad_at(s, 3));
+    opt.step();
+  }
+  expect_near(p, sgd_reference(init, 4, o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov), 1e-12,
+              what);
+}
+
+TEST(Optim, SGDMatchesClosedForm) {
+  run_sgd({.lr = 0.1}, "plain");
+  run_sgd({.lr = 0.1, .momentum = 0.9}, "momentum");
+  run_sgd({.lr = 0.1, .momentum = 0.9, .dampening = 0.3}, "dampening");
+  run_sgd({.lr = 0.05, .momentum = 0.8, .weight_decay = 0.01, .nesterov = true}, "nesterov + wd");
+  run_sgd({.lr = 0.1, .weight_decay = 0.1}, "weight decay");
+  // one concrete number, by hand: p = 1, g = 0.3, lr = 0.1 -> 0.97
+  Tensor p = param64({1.0});
+  SGD opt({p}, {.lr = 0.1});
+  set_grad(p, {0.3});
+  opt.step();
+  EXPECT_DOUBLE_EQ(p.item(), 0.97);
+  EXPECT_THROW(SGD({p}, {.lr = 0.1, .nesterov = true}), Error);
+}
+
+// PyTorch's Adam/AdamW, scalar form (torch/optim/adam.py _single_tensor_adam).
+std::vector<double> adam_reference(std::vector<double> p, int steps, const AdamOptions& o, bool decoupled) {
+  std::vector<double> m(p.size()), v(p.size()), vmax(p.size());
+  for (int s = 0; s < steps; ++s) {
+    auto g = grad_at(s, p.size());
+    int t = s + 1;
+    for (size_t i = 0; i < p.size(); ++i) {
+      double d = g[i];
+      if (decoupled)
+        p[i] *= 1 - o.lr * o.weight_decay;
+      else
+        d += o.weight_decay * p[i];
+      m[i] = o.beta1 * m[i] + (1 - o.beta1) * d;
+      v[i] = o.beta2 * v[i] + (1 - o.beta2) * d * d;
+      vmax[i] = std::max(vmax[i], v[i]);
+      double bc1 = 1 - std::pow(o.beta1, t), bc2 = 1 - std::pow(o.beta2, t);
+      double second = o.amsgrad ? vmax[i] : v[i];
+      double denom = std::sqrt(second) / std::sqrt(bc2) + o.eps;
+      p[i] -= o.lr / bc1 * m[i] / denom;
+    }
+  }
+  return p;
+}
+
+TEST(Optim, AdamAndAdamWMatchClosedForm) {
+  std::vector<double> init = {1.0, -2.0, 0.5};
+  for (bool amsgrad : {false, true}) {
+    AdamOptions o{.lr = 0.01, .beta1 = 0.8, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .amsgrad = amsgrad};
+    Tensor p = param64(init);
+    Adam adam({p}, o);
+    Tensor q = param64(init);
+    AdamWOptions ow;
+    static_cast<AdamOptions&>(ow) = o;
+    AdamW adamw({q}, ow);
+    for (int s = 0; s < 5; ++s) {
+      set_grad(p, grad_at(s, 3));
+      set_grad(q, grad_at(s, 3));
+      adam.step();
+      adamw.step();
+    }
+    expect_near(p, adam_reference(init, 5, o, false), 1e-12, amsgrad ? "adam amsgrad" : "adam");
+    expect_near(q, adam_reference(init, 5, o, true), 1e-12, amsgrad ? "adamw amsgrad" : "adamw");
+  }
+  // First Adam step is lr * sign(g) (for eps -> 0): a number anyone can check.
+  Tensor p = param64({1.0, 1.0});
+  Adam adam({p}, {.lr = 0.1});
+  autograd::set_grad(p, Tensor::from_vector<double>({0.5, -3.0}, {2}));
+  adam.step();
+  expect_near(p, {0.9, 1.1}, 1e-6, "first adam step");
+  EXPECT_EQ(AdamWOptions().weight_decay, 0.01);
+}
+
+TEST(Optim, SkipsParametersWithoutGradAndZeroGrad) {
+  Tensor a = param64({1.0}), b = param64({2.0});
+  SGD opt({a, b}, {.lr = 1.0});
+  set_grad(a, {0.5});
+  opt.step();
+  EXPECT_DOUBLE_EQ(a.item(), 0.5);
+  EXPECT_DOUBLE_EQ(b.item(), 2.0);
+  opt.zero_grad();
+  EXPECT_FALSE(autograd::grad(a).defined());
+  EXPECT_THROW(SGD({a, a}, {}), Error);
+  Tensor frozen = Tensor::from_vector<double>({1.0}, {1});
+  EXPECT_THROW(SGD({frozen}, {}), Error);
+}
+
+TEST(Optim, ParamGroupsHaveTheirOwnOptions) {
+  Tensor a = param64({1.0}), b = param64({1.0});
+  ParamGroup ga{{a}, {}}, gb{{b}, {{"lr", 0.5}}};
+  SGD opt({ga, gb}, {.lr = 0.1});
+  set_grad(a, {1.0});
+  set_grad(b, {1.0});
+  opt.step();
+  EXPECT_DOUBLE_EQ(a.item(), 0.9);
+  EXPECT_DOUBLE_EQ(b.item(), 0.5);
+  ParamGroup bad{{param64({1.0})}, {{"lrr", 0.5}}};
+  EXPECT_THROW(opt.add_param_group(bad), Error);
+}
+
+TEST(Optim, StateDictRoundTripContinuesIdentically) {
+  std::vector<double> init = {1.0, -2.0, 0.5};
+  Tensor p = param64(init), q = param64(init);
+  Adam a({p}, {.lr = 0.05});
+  for (int s = 0; s < 3; ++s) {
+    set_grad(p, grad_at(s, 3));
+    a.step();
+  }
+  OptimizerState state = a.state_dict();
+  EXPECT_EQ(state.scalars["type"], "Adam");
+  EXPECT_EQ(state.scalars["state"]["0"]["step"], 3);
+  ASSERT_EQ(state.tensors.size(), 2u);
+  EXPECT_EQ(state.tensors[0].first, "state.0.exp_avg");
+  // A fresh optimizer on a copy of the parameter, restored, continues identically.
+  {
+    autograd::NoGradGuard g;
+    q.copy_(p);
+  }
+  Adam b({q}, {.lr = 0.9});
+  b.load_state_dict(state);
+  EXPECT_EQ(b.param_groups()[0].lr(), 0.05);
+  for (int s = 3; s < 6; ++s) {
+    set_grad(p, grad_at(s, 3));
+    set_grad(q, grad_at(s, 3));
+    a.step();
+    b.step();
+  }
+  EXPECT_EQ(max_abs_diff(p, q), 0.0);
+  // Wrong optimizer type or shapes: clear errors.
+  SGD sgd({param64(init)}, {});
+  EXPECT_THROW(sgd.load_state_dict(state), Error);
+  Adam other({param64({1.0})}, {});
+  try {
+    other.load_state_dict(state);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("shape"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Optim, ClipGradNormUsesTheGlobalNorm) {
+  Tensor a = param64({0, 0}), b = param64({0});
+  set_grad(a, {3.0, 0.0});
+  set_grad(b, {4.0});
+  double norm = clip_grad_norm_({a, b}, 1.0);
+  EXPECT_DOUBLE_EQ(norm, 5.0);
+  expect_near(autograd::grad(a), {3.0 / (5.0 + 1e-6), 0.0}, 1e-12, "clipped a");
+  expect_near(autograd::grad(b), {4.0 / (5.0 + 1e-6)}, 1e-12, "clipped b");
+  EXPECT_NEAR(clip_grad_norm_({a, b}, 10.0), 1.0, 1e-6);  // below max: unchanged
+  expect_near(autograd::grad(b), {4.0 / (5.0 + 1e-6)}, 1e-12, "unchanged b");
+}
+
+TEST(LRSchedule, StepCosineWarmup) {
+  Tensor p = param64({1.0});
+  SGD opt({p}, {.lr = 1.0});
+  StepLR step(opt, 2, 0.5);
+  std::vector<double> seen;
+  for (int e = 0; e < 5; ++e) {
+    seen.push_back(opt.param_groups()[0].lr());
+    step.step();
+  }
+  EXPECT_EQ(seen, (std::vector<double>{1.0, 1.0, 0.5, 0.5, 0.25}));
+
+  SGD opt2({param64({1.0})}, {.lr = 0.1});
+  CosineAnnealingLR cos(opt2, 4, 0.0);
+  for (int e = 0; e <= 4; ++e) {
+    EXPECT_NEAR(opt2.param_groups()[0].lr(), 0.05 * (1 + std::cos(std::numbers::pi * e / 4)), 1e-15) << e;
+    cos.step();
+  }
+  EXPECT_NEAR(opt2.param_groups()[0].lr(), 0.0, 1e-15);  // stays at eta_min after t_max
+
+  SGD opt3({param64({1.0})}, {.lr = 1.0});
+  LinearWarmup warm(opt3, 4, 0.2, /*after_t_max=*/2);
+  std::vector<double> lrs;
+  for (int e = 0; e < 7; ++e) {
+    lrs.push_back(opt3.param_groups()[0].lr());
+    warm.step();
+  }
+  std::vector<double> expected = {0.2, 0.4, 0.6, 0.8, 1.0, 0.5, 0.0};
+  for (size_t i = 0; i < lrs.size(); ++i) EXPECT_NEAR(lrs[i], expected[i], 1e-12) << i;
+
+  // State round trip: a new schedule restored mid-way sets the same lr.
+  nlohmann::json state = warm.state_dict();
+  SGD opt4({param64({1.0})}, {.lr = 1.0});
+  LinearWarmup warm2(opt4, 4, 0.2, 2);
+  warm2.load_state_dict(state);
+  EXPECT_EQ(warm2.last_epoch(), 7);
+  EXPECT_NEAR(opt4.param_groups()[0].lr(), warm.lr_at(7, 0), 1e-15);
+  EXPECT_THROW(step.load_state_dict(state), Error);  // a LinearWarmup state into a StepLR
+}
+
+}  // namespace
+}  // namespace ringtrain::nn
