@@ -3,6 +3,7 @@
 // queued callbacks, and the errors for misuse (each must name the problem).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -204,6 +205,24 @@ TEST(Engine, SavingOutputMakesNoCycle) {
     node = autograd::grad_fn(y);
   }
   EXPECT_TRUE(node.expired());
+}
+
+TEST(Engine, SharedWeightFiresPostHookOnceWithSummedGradient) {
+  Tensor w = param({2}, {1});
+  int calls = 0;
+  float seen = 0;
+  autograd::register_post_accumulate_grad_hook(w, [&](const Tensor& leaf) {
+    ++calls;
+    seen = values(grad(leaf))[0];
+  });
+  Tensor x = Tensor::from_vector<float>({3}, {1});
+  Tensor h = ag::mul(x, w);        // first use
+  Tensor y = ag::mul(ag::tanh(h), w);  // second use, later in the graph
+  backward(ag::sum(y));
+  EXPECT_EQ(calls, 1);
+  // dy/dw = tanh(3w) + w * (1 - tanh(3w)^2) * 3
+  float t = std::tanh(6.0f);
+  EXPECT_NEAR(seen, t + 2.0f * (1 - t * t) * 3.0f, 1e-5);
 }
 
 TEST(Engine, MultipleRoots) {
