@@ -1,0 +1,421 @@
+// checkpoint.cc: checkpoint files, validation before mutation, keep-last-K.
+//
+// Load is split in two phases so that a bad checkpoint can never half-load:
+//   plan:  open + verify both files, then check every target against them and
+//          collect every problem into one message;
+//   apply: write model, optimizer, schedule, generator. Should an apply step
+//          still throw (a stricter check inside a component), the components
+//          already written are rolled back from snapshots taken before apply.
+#include "nn/checkpoint.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "tensor/safetensors.h"
+
+namespace ringtrain::nn {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr const char* kFormat = "ringtrain-checkpoint";
+constexpr int kFormatVersion = 1;
+constexpr const char* kModelPrefix = "model.";
+constexpr const char* kOptimizerPrefix = "optimizer.";
+
+std::string json_path(const std::string& stem) { return stem + ".json"; }
+std::string tensors_path(const std::string& stem) { return stem + ".safetensors"; }
+
+// The whole file, or nullopt when it cannot be opened.
+std::optional<std::string> slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return std::nullopt;
+  std::ostringstream os;
+  os << f.rdbuf();
+  return os.str();
+}
+
+uint32_t crc32_of(const std::string& bytes) {
+  return static_cast<uint32_t>(
+      crc32_z(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(bytes.data()), bytes.size()));
+}
+
+json shape_json(const Shape& s) { return json(s); }
+
+std::string join(const std::vector<std::string>& items, size_t max_items = 20) {
+  std::string out;
+  for (size_t i = 0; i < items.size() && i < max_items; ++i) out += (i ? ", " : "") + items[i];
+  if (items.size() > max_items) out += ", ... (" + std::to_string(items.size() - max_items) + " more)";
+  return out;
+}
+
+// A checkpoint opened and verified: the JSON record and the parsed tensors.
+struct OpenedCheckpoint {
+  json meta;
+  SafetensorsFile tensors;
+};
+
+OpenedCheckpoint open_checkpoint(const std::string& stem) {
+  const std::string jpath = json_path(stem);
+  std::optional<std::string> text = slurp(jpath);
+  if (!text) throw CheckpointError(jpath + ": checkpoint record not found (or unreadable)");
+  OpenedCheckpoint out;
+  try {
+    out.meta = json::parse(*text);
+  } catch (const json::exception& e) {
+    throw CheckpointError(jpath + ": malformed JSON (" + e.what() + ")");
+  }
+  const json& m = out.meta;
+  auto need = [&](bool ok, const std::string& what) {
+    if (!ok) throw CheckpointError(jpath + ": " + what);
+  };
+  need(m.is_object() && m.value("format", "") == kFormat, "not a ringtrain checkpoint (\"format\" is not \"" +
+                                                              std::string(kFormat) + "\")");
+  need(m.value("version", 0) == kFormatVersion,
+       "unsupported checkpoint version " + m.value("version", json()).dump() + " (this build reads " +
+           std::to_string(kFormatVersion) + ")");
+  need(m.contains("epoch") && m["epoch"].is_number_integer() && m.contains("step") &&
+           m["step"].is_number_integer(),
+       "missing integer \"epoch\"/\"step\"");
+  need(m.contains("tensors_file") && m["tensors_file"].is_string() && m.contains("tensors_bytes") &&
+           m.contains("tensors_crc32"),
+       "missing \"tensors_file\"/\"tensors_bytes\"/\"tensors_crc32\"");
+
+  const std::string tpath = (fs::path(stem).parent_path() / m["tensors_file"].get<std::string>()).string();
+  std::optional<std::string> bytes = slurp(tpath);
+  if (!bytes) throw CheckpointError(tpath + ": tensor file not found (named by " + jpath + ")");
+  const auto expected_bytes = m["tensors_bytes"].get<uint64_t>();
+  if (bytes->size() != expected_bytes) {
+    throw CheckpointError(tpath + ": " + (bytes->size() < expected_bytes ? "truncated" : "wrong size") + ": " +
+                          std::to_string(bytes->size()) + " bytes, the record says " +
+                          std::to_string(expected_bytes));
+  }
+  const auto expected_crc = m["tensors_crc32"].get<uint32_t>();
+  if (crc32_of(*bytes) != expected_crc) {
+    throw CheckpointError(tpath + ": corrupt: CRC-32 does not match the record in " + jpath);
+  }
+  try {
+    out.tensors = load_safetensors(tpath);
+  } catch (const std::exception& e) {
+    throw CheckpointError(std::string("checkpoint tensors unreadable: ") + e.what());
+  }
+  return out;
+}
+
+// The optimizer's parameters in global index order (how its state is keyed).
+std::vector<Tensor> optimizer_params(const Optimizer& opt) {
+  std::vector<Tensor> out;
+  for (const ParamGroup& g : opt.param_groups()) out.insert(out.end(), g.params.begin(), g.params.end());
+  return out;
+}
+
+// Parses "state.<i>.<buf>" -> i, or -1.
+int64_t state_param_index(const std::string& name) {
+  constexpr std::string_view kState = "state.";
+  if (name.rfind(kState, 0) != 0) return -1;
+  size_t dot = name.find('.', kState.size());
+  if (dot == std::string::npos) return -1;
+  int64_t i = -1;
+  auto [ptr, ec] = std::from_chars(name.data() + kState.size(), name.data() + dot, i);
+  if (ec != std::errc() || ptr != name.data() + dot) return -1;
+  return i;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- save
+
+void save_checkpoint(const std::string& stem, const CheckpointTargets& targets, TrainingProgress progress,
+                     const json& extra) {
+  RT_CHECK(targets.model != nullptr, "save_checkpoint(", stem, "): targets.model is null");
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  json model_keys = json::array();
+  for (const auto& [name, t] : targets.model->state_dict()) {
+    tensors.emplace_back(kModelPrefix + name, t);
+    model_keys.push_back({{"name", name}, {"shape", shape_json(t.shape())}, {"dtype", dtype_name(t.dtype())}});
+  }
+  json meta = {{"format", kFormat},
+               {"version", kFormatVersion},
+               {"epoch", progress.epoch},
+               {"step", progress.step},
+               {"model", {{"type", targets.model->type_name()}, {"keys", model_keys}}},
+               {"optimizer", nullptr},
+               {"lr_scheduler", nullptr},
+               {"rng", nullptr},
+               {"extra", extra}};
+  if (targets.optimizer != nullptr) {
+    OptimizerState st = targets.optimizer->state_dict();
+    for (auto& [name, t] : st.tensors) tensors.emplace_back(kOptimizerPrefix + name, t);
+    meta["optimizer"] = st.scalars;
+  }
+  if (targets.scheduler != nullptr) meta["lr_scheduler"] = targets.scheduler->state_dict();
+  if (targets.generator != nullptr) {
+    meta["rng"] = {{"seed", targets.generator->seed()}, {"offset", targets.generator->offset()}};
+  }
+
+  // Tensors first: until the JSON record lands, this checkpoint does not exist.
+  const std::string tpath = tensors_path(stem);
+  save_safetensors(tpath, tensors,
+                   {{"format", kFormat}, {"epoch", std::to_string(progress.epoch)},
+                    {"step", std::to_string(progress.step)}});
+  std::optional<std::string> written = slurp(tpath);
+  if (!written) throw CheckpointError(tpath + ": cannot read back the file just written");
+  meta["tensors_file"] = fs::path(tpath).filename().string();
+  meta["tensors_bytes"] = written->size();
+  meta["tensors_crc32"] = crc32_of(*written);
+  write_file_atomically(json_path(stem), meta.dump(2) + "\n");
+}
+
+// ---------------------------------------------------------------- load
+
+CheckpointInfo read_checkpoint_info(const std::string& stem) {
+  OpenedCheckpoint ck = open_checkpoint(stem);
+  CheckpointInfo info;
+  info.stem = stem;
+  info.progress = {ck.meta["epoch"].get<int64_t>(), ck.meta["step"].get<int64_t>()};
+  info.extra = ck.meta.value("extra", json());
+  info.metadata = ck.meta;
+  return info;
+}
+
+CheckpointInfo load_checkpoint(const std::string& stem, const CheckpointTargets& targets) {
+  RT_CHECK(targets.model != nullptr, "load_checkpoint(", stem, "): targets.model is null");
+  OpenedCheckpoint ck = open_checkpoint(stem);
+  const json& meta = ck.meta;
+  std::vector<std::string> problems;
+
+  // ---- plan: model ----
+  std::map<std::string, Tensor> file_model;
+  std::map<std::string, Tensor> file_optim;
+  for (const auto& [name, t] : ck.tensors.tensors) {
+    if (name.rfind(kModelPrefix, 0) == 0) file_model.emplace(name.substr(6), t);
+    else if (name.rfind(kOptimizerPrefix, 0) == 0) file_optim.emplace(name.substr(10), t);
+  }
+  StateDict model_state = targets.model->state_dict();
+  std::vector<std::string> missing, unexpected, mis_shaped;
+  std::map<std::string, bool> in_model;
+  StateDict to_load;
+  for (const auto& [name, t] : model_state) {
+    in_model[name] = true;
+    auto it = file_model.find(name);
+    if (it == file_model.end()) {
+      missing.push_back(name);
+    } else if (it->second.shape() != t.shape()) {
+      mis_shaped.push_back(name + " (checkpoint " + shape_str(it->second.shape()) + ", model " +
+                           shape_str(t.shape()) + ")");
+    } else {
+      to_load.emplace_back(name, it->second);
+    }
+  }
+  for (const auto& [name, t] : file_model) {
+    if (!in_model.count(name)) unexpected.push_back(name);
+  }
+  if (!missing.empty()) problems.push_back("missing from the checkpoint: " + join(missing));
+  if (!unexpected.empty()) problems.push_back("in the checkpoint but not in the model: " + join(unexpected));
+  if (!mis_shaped.empty()) problems.push_back("shape mismatch: " + join(mis_shaped));
+
+  // ---- plan: optimizer ----
+  OptimizerState opt_state;
+  if (targets.optimizer != nullptr) {
+    const json& o = meta.value("optimizer", json());
+    if (o.is_null()) {
+      problems.push_back("optimizer: the checkpoint has no optimizer state");
+    } else if (o.value("type", "") != targets.optimizer->type_name()) {
+      problems.push_back("optimizer: checkpoint has " + o.value("type", json("?")).dump() + ", this run uses " +
+                         targets.optimizer->type_name());
+    } else {
+      const auto& groups = targets.optimizer->param_groups();
+      const json& fg = o.value("param_groups", json::array());
+      if (!fg.is_array() || fg.size() != groups.size()) {
+        problems.push_back("optimizer: checkpoint has " + std::to_string(fg.is_array() ? fg.size() : 0) +
+                           " param groups, this optimizer " + std::to_string(groups.size()));
+      } else {
+        for (size_t g = 0; g < groups.size(); ++g) {
+          size_t n = fg[g].contains("params") ? fg[g]["params"].size() : 0;
+          if (n != groups[g].params.size()) {
+            problems.push_back("optimizer: param group " + std::to_string(g) + " has " + std::to_string(n) +
+                               " parameters in the checkpoint, " + std::to_string(groups[g].params.size()) +
+                               " here");
+          }
+        }
+        std::vector<Tensor> params = optimizer_params(*targets.optimizer);
+        for (const auto& [name, t] : file_optim) {
+          int64_t i = state_param_index(name);
+          if (i < 0 || i >= static_cast<int64_t>(params.size())) {
+            problems.push_back("optimizer: state tensor " + name + " names no parameter of this optimizer");
+          } else if (t.shape() != params[i].shape()) {
+            problems.push_back("optimizer: state tensor " + name + " has shape " + shape_str(t.shape()) +
+                               ", parameter " + std::to_string(i) + " has " + shape_str(params[i].shape()));
+          }
+          opt_state.tensors.emplace_back(name, t);
+        }
+      }
+      opt_state.scalars = o;
+    }
+  }
+
+  // ---- plan: schedule, generator ----
+  json sched_state;
+  if (targets.scheduler != nullptr) {
+    sched_state = meta.value("lr_scheduler", json());
+    json current = targets.scheduler->state_dict();
+    if (sched_state.is_null()) {
+      problems.push_back("lr_scheduler: the checkpoint has no LR schedule state");
+    } else if (sched_state.value("type", "") != current.value("type", "")) {
+      problems.push_back("lr_scheduler: checkpoint has " + sched_state.value("type", json("?")).dump() +
+                         ", this run uses " + current.value("type", json("?")).dump());
+    } else if (sched_state.value("base_lrs", json::array()).size() !=
+               current.value("base_lrs", json::array()).size()) {
+      problems.push_back("lr_scheduler: number of param groups differs");
+    }
+  }
+  const json& rng = meta.value("rng", json());
+  if (targets.generator != nullptr && (rng.is_null() || !rng.contains("seed") || !rng.contains("offset"))) {
+    problems.push_back("rng: the checkpoint has no generator state");
+  }
+
+  if (!problems.empty()) {
+    std::string msg = "checkpoint " + stem + " does not fit this run; nothing was loaded:";
+    for (const std::string& p : problems) msg += "\n  " + p;
+    if (!missing.empty() || !unexpected.empty() || !mis_shaped.empty()) {
+      msg += "\n  (was it saved from a different model? checkpoint model type: " +
+             meta["model"].value("type", std::string("?")) + ", this model: " + targets.model->type_name() + ")";
+    }
+    throw CheckpointError(msg);
+  }
+
+  // ---- apply, with rollback ----
+  StateDict model_snapshot;
+  for (const auto& [name, t] : model_state) model_snapshot.emplace_back(name, t.clone());
+  OptimizerState opt_snapshot;
+  if (targets.optimizer != nullptr) {
+    opt_snapshot = targets.optimizer->state_dict();
+    for (auto& [name, t] : opt_snapshot.tensors) t = t.clone();
+  }
+  json sched_snapshot = targets.scheduler ? targets.scheduler->state_dict() : json();
+  int stage = 0;
+  try {
+    targets.model->load_state_dict(to_load, /*strict=*/true);
+    stage = 1;
+    if (targets.optimizer != nullptr) targets.optimizer->load_state_dict(opt_state);
+    stage = 2;
+    if (targets.scheduler != nullptr) targets.scheduler->load_state_dict(sched_state);
+    stage = 3;
+    if (targets.generator != nullptr) {
+      targets.generator->set_state(rng["seed"].get<uint64_t>(), rng["offset"].get<uint64_t>());
+    }
+  } catch (const std::exception& e) {
+    if (stage >= 1) targets.model->load_state_dict(model_snapshot, true);
+    if (stage >= 2 && targets.optimizer != nullptr) targets.optimizer->load_state_dict(opt_snapshot);
+    if (stage >= 3 && targets.scheduler != nullptr) targets.scheduler->load_state_dict(sched_snapshot);
+    throw CheckpointError("checkpoint " + stem + ": restoring failed and was rolled back: " + e.what());
+  }
+
+  CheckpointInfo info;
+  info.stem = stem;
+  info.progress = {meta["epoch"].get<int64_t>(), meta["step"].get<int64_t>()};
+  info.extra = meta.value("extra", json());
+  info.metadata = meta;
+  return info;
+}
+
+// ---------------------------------------------------------------- manager
+
+CheckpointManager::CheckpointManager(std::string directory, int keep_last, std::string prefix)
+    : directory_(std::move(directory)), keep_last_(keep_last), prefix_(std::move(prefix)) {
+  RT_CHECK(keep_last_ >= 1, "CheckpointManager: keep_last must be >= 1, got ", keep_last_);
+  RT_CHECK(!prefix_.empty() && prefix_.find('/') == std::string::npos,
+           "CheckpointManager: prefix must be a non-empty file name part, got '", prefix_, "'");
+}
+
+std::string CheckpointManager::save(const CheckpointTargets& targets, TrainingProgress progress,
+                                    const json& extra) {
+  RT_CHECK(progress.step >= 0, "CheckpointManager::save: step must be non-negative, got ", progress.step);
+  fs::create_directories(directory_);
+  char number[32];
+  std::snprintf(number, sizeof(number), "%010lld", static_cast<long long>(progress.step));
+  std::string stem = (fs::path(directory_) / (prefix_ + "-" + number)).string();
+  save_checkpoint(stem, targets, progress, extra);
+  prune();
+  return stem;
+}
+
+namespace {
+// Step number of "<prefix>-<digits><ext>", or -1.
+int64_t parse_step(const std::string& filename, const std::string& prefix, const std::string& ext) {
+  const std::string head = prefix + "-";
+  if (filename.size() <= head.size() + ext.size() || filename.rfind(head, 0) != 0 ||
+      filename.compare(filename.size() - ext.size(), ext.size(), ext) != 0) {
+    return -1;
+  }
+  const char* b = filename.data() + head.size();
+  const char* e = filename.data() + filename.size() - ext.size();
+  int64_t step = -1;
+  auto [ptr, ec] = std::from_chars(b, e, step);
+  return ec == std::errc() && ptr == e ? step : -1;
+}
+}  // namespace
+
+std::vector<std::string> CheckpointManager::list() const {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(directory_, ec)) {
+    std::string name = entry.path().filename().string();
+    int64_t step = parse_step(name, prefix_, ".json");
+    if (step >= 0) found.emplace_back(step, (fs::path(directory_) / name.substr(0, name.size() - 5)).string());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& [step, stem] : found) out.push_back(std::move(stem));
+  return out;
+}
+
+std::optional<std::string> CheckpointManager::latest_valid(std::vector<std::string>* skipped) const {
+  std::vector<std::string> stems = list();
+  for (auto it = stems.rbegin(); it != stems.rend(); ++it) {
+    try {
+      read_checkpoint_info(*it);
+      return *it;
+    } catch (const CheckpointError& e) {
+      if (skipped != nullptr) skipped->push_back(e.what());
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<CheckpointInfo> CheckpointManager::restore_latest(const CheckpointTargets& targets,
+                                                                std::vector<std::string>* skipped) const {
+  std::optional<std::string> stem = latest_valid(skipped);
+  if (!stem) return std::nullopt;
+  return load_checkpoint(*stem, targets);
+}
+
+void CheckpointManager::prune() const {
+  std::vector<std::string> stems = list();
+  if (static_cast<int>(stems.size()) <= keep_last_) return;
+  const size_t n_drop = stems.size() - static_cast<size_t>(keep_last_);
+  std::error_code ec;
+  for (size_t i = 0; i < n_drop; ++i) {
+    fs::remove(json_path(stems[i]), ec);  // un-commit first, then the data
+    fs::remove(tensors_path(stems[i]), ec);
+  }
+  // Tensor files whose record never landed (a crash mid-save), older than the oldest kept.
+  int64_t oldest_kept = parse_step(fs::path(stems[n_drop]).filename().string() + ".json", prefix_, ".json");
+  for (const auto& entry : fs::directory_iterator(directory_, ec)) {
+    std::string name = entry.path().filename().string();
+    int64_t step = parse_step(name, prefix_, ".safetensors");
+    if (step >= 0 && step < oldest_kept && !fs::exists(entry.path().parent_path() / (name.substr(0, name.size() - 12) + ".json"))) {
+      fs::remove(entry.path(), ec);
+    }
+  }
+}
+
+}  // namespace ringtrain::nn

@@ -1,0 +1,117 @@
+// checkpoint.h: save a training run and resume it exactly.
+//
+// defines: CheckpointTargets, TrainingProgress, CheckpointInfo, CheckpointError,
+//          save_checkpoint(), load_checkpoint(), read_checkpoint_info(),
+//          CheckpointManager (numbered checkpoints in a directory, keep the last K,
+//          find the newest valid one).
+//
+// A checkpoint is two files with one stem, e.g. runs/ckpt-0000001200:
+//   ckpt-0000001200.safetensors  every tensor: "model.<name>" (parameters and
+//                                buffers) and "optimizer.state.<i>.<buf>" (momentum,
+//                                Adam moments); readable by Python's safetensors.
+//   ckpt-0000001200.json         everything else: format version, epoch, step, the
+//                                optimizer's hyperparameters and step counts, the LR
+//                                schedule, the RNG (seed, offset), the model's key
+//                                list with shapes and dtypes, user extras, and the
+//                                size and CRC-32 of the .safetensors file.
+//
+// Atomicity: both files are written with write_file_atomically (temp file, fsync,
+// rename, directory fsync), tensors first, JSON last. The JSON is the commit
+// record: a checkpoint exists when its JSON does, and it is valid when the
+// .safetensors file it names has the recorded size and CRC. A crash at any point
+// leaves either the previous checkpoint or the complete new one.
+//
+// Loading validates everything first (both files, model keys and shapes, the
+// optimizer's type, groups and state shapes, the schedule's type) and only then
+// writes into the model, optimizer, schedule and generator. A checkpoint from a
+// different model throws CheckpointError listing every missing, unexpected and
+// mis-shaped key, and nothing is changed.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "nn/lr_scheduler.h"
+#include "nn/module.h"
+#include "nn/optim.h"
+#include "tensor/checks.h"
+#include "tensor/ops.h"
+
+namespace ringtrain::nn {
+
+// A checkpoint that is missing, corrupt, or does not fit what it is loaded into.
+class CheckpointError : public Error {
+ public:
+  using Error::Error;
+};
+
+// What a checkpoint saves and restores. Only `model` is required; a null pointer
+// means "not saved" (save) or "leave alone" (load). On load, a target that is
+// present but absent from the checkpoint is an error (you asked for it).
+struct CheckpointTargets {
+  Module* model = nullptr;
+  Optimizer* optimizer = nullptr;
+  LRScheduler* scheduler = nullptr;
+  Generator* generator = nullptr;  // e.g. &default_generator(): dropout, init, augmentation
+};
+
+// Where training was: the epoch to run next and the global step (optimizer updates so far).
+struct TrainingProgress {
+  int64_t epoch = 0;
+  int64_t step = 0;
+};
+
+struct CheckpointInfo {
+  std::string stem;          // path without extension
+  TrainingProgress progress;
+  nlohmann::json extra;      // the user's extras given to save (null when none)
+  nlohmann::json metadata;   // the whole JSON record
+};
+
+// Writes <stem>.safetensors then <stem>.json, each atomically.
+void save_checkpoint(const std::string& stem, const CheckpointTargets& targets, TrainingProgress progress,
+                     const nlohmann::json& extra = nullptr);
+
+// Reads and verifies <stem>.json and <stem>.safetensors (size, CRC-32, parse) without
+// touching any model. Throws CheckpointError naming the file and what is wrong.
+CheckpointInfo read_checkpoint_info(const std::string& stem);
+
+// Validates the checkpoint against every target, then restores them. Throws
+// CheckpointError (changing nothing) on any mismatch.
+CheckpointInfo load_checkpoint(const std::string& stem, const CheckpointTargets& targets);
+
+// Numbered checkpoints in one directory: <dir>/<prefix>-<step, 10 digits>.{safetensors,json}.
+class CheckpointManager {
+ public:
+  // keep_last >= 1: after each save, older checkpoints beyond the newest keep_last are deleted.
+  explicit CheckpointManager(std::string directory, int keep_last = 3, std::string prefix = "ckpt");
+
+  // Saves as <prefix>-<progress.step>; returns the stem. Creates the directory if needed.
+  std::string save(const CheckpointTargets& targets, TrainingProgress progress,
+                   const nlohmann::json& extra = nullptr);
+
+  // Stems of every checkpoint record (.json) in the directory, oldest step first
+  // (valid or not).
+  std::vector<std::string> list() const;
+  // The newest checkpoint that passes read_checkpoint_info; invalid newer ones are
+  // skipped (their problems are appended to `skipped` when given).
+  std::optional<std::string> latest_valid(std::vector<std::string>* skipped = nullptr) const;
+  // load_checkpoint(latest_valid()) or nullopt when there is none.
+  std::optional<CheckpointInfo> restore_latest(const CheckpointTargets& targets,
+                                               std::vector<std::string>* skipped = nullptr) const;
+
+  const std::string& directory() const { return directory_; }
+  int keep_last() const { return keep_last_; }
+
+ private:
+  void prune() const;
+  std::string directory_;
+  int keep_last_;
+  std::string prefix_;
+};
+
+}  // namespace ringtrain::nn
