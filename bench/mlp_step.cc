@@ -1,0 +1,286 @@
+// mlp_step.cc: one training step of an MLP, ringtrain beside PyTorch, in one run.
+//
+// The model (issue 3's performance target): in_features -> 4 hidden Linear+ReLU
+// layers of width 1024 -> classes, cross-entropy, plain SGD, batch 64, float32,
+// one thread. One step = zero_grad, forward, loss, backward, optimizer step —
+// everything a training loop does except loading data.
+//
+// How the comparison is kept fair and checked:
+//   * Both sides build the same network from the same integer-hash formula
+//     (documented in bench/mlp_step_torch.py), so no weights are exchanged and
+//     both start from identical float32 values.
+//   * Correctness while timing: the losses of the first --check-steps steps of
+//     both implementations must agree (relative 1e-4; float32 sums in different
+//     orders). A row whose check fails is reported as wrong, never as a speed-up.
+//   * The PyTorch script runs as a child process in --serve mode; the two take
+//     turns: each round times --steps steps of ours, then asks PyTorch to time
+//     the same number. Both see the same machine load; medians over rounds are
+//     quoted.
+//   * One thread each: ours is single-threaded by construction (Eigen GEMM,
+//     no OpenMP); PyTorch gets torch.set_num_threads(1) and OMP/OPENBLAS=1.
+//
+// Output: a table with median and min ms/step, steps/s, the ratio ours/PyTorch
+// (target <= 1.0), the loss check, and optionally a JSON file with everything.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "autograd/functions.h"
+#include "nn/layers.h"
+#include "nn/optim.h"
+#include "tensor/ops.h"
+
+#ifndef RINGTRAIN_SOURCE_DIR
+#define RINGTRAIN_SOURCE_DIR "."
+#endif
+
+namespace {
+
+using namespace ringtrain;
+using json = nlohmann::json;
+
+// ---------------------------------------------------------------- the shared formula
+
+// MurmurHash3's 32-bit finalizer; u(key) in [0, 1).
+uint32_t fmix32(uint32_t k) {
+  k ^= k >> 16;
+  k *= 0x85EBCA6Bu;
+  k ^= k >> 13;
+  k *= 0xC2B2AE35u;
+  k ^= k >> 16;
+  return k;
+}
+double u01(uint32_t key) { return static_cast<double>(fmix32(key)) / 4294967296.0; }
+
+void fill_linear(nn::Linear& lin, int64_t fan_in, int64_t fan_out, int layer) {
+  const uint32_t salt = static_cast<uint32_t>(static_cast<uint64_t>(layer) * 0x9E3779B9u);
+  std::vector<float> w(static_cast<size_t>(fan_out * fan_in)), b(static_cast<size_t>(fan_out));
+  const double bound = std::sqrt(6.0 / static_cast<double>(fan_in));
+  for (size_t j = 0; j < w.size(); ++j) {
+    w[j] = static_cast<float>((2 * u01(static_cast<uint32_t>(j) + salt) - 1) * bound);
+  }
+  for (size_t o = 0; o < b.size(); ++o) {
+    b[o] = static_cast<float>((2 * u01(static_cast<uint32_t>(o) + salt + 0x5BD1E995u) - 1) * 0.01);
+  }
+  autograd::NoGradGuard no_grad;
+  lin.weight().copy_(Tensor::from_vector(w, {fan_out, fan_in}));
+  lin.bias().copy_(Tensor::from_vector(b, {fan_out}));
+}
+
+// ---------------------------------------------------------------- the PyTorch child process
+
+// The python script, running in --serve mode, with a pipe each way. RAII: the
+// destructor says quit, closes the pipes and reaps the child.
+class TorchProcess {
+ public:
+  TorchProcess(const std::vector<std::string>& argv) {
+    int to_child[2], from_child[2];
+    if (pipe(to_child) != 0 || pipe(from_child) != 0) throw std::runtime_error("pipe() failed");
+    pid_ = fork();
+    if (pid_ < 0) throw std::runtime_error("fork() failed");
+    if (pid_ == 0) {
+      dup2(to_child[0], 0);
+      dup2(from_child[1], 1);
+      close(to_child[1]);
+      close(from_child[0]);
+      setenv("OMP_NUM_THREADS", "1", 1);
+      setenv("OPENBLAS_NUM_THREADS", "1", 1);
+      std::vector<char*> args;
+      for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      execvp(args[0], args.data());
+      std::fprintf(stderr, "mlp_step: cannot exec %s: %s\n", args[0], std::strerror(errno));
+      _exit(127);
+    }
+    close(to_child[0]);
+    close(from_child[1]);
+    out_ = fdopen(to_child[1], "w");
+    in_ = fdopen(from_child[0], "r");
+  }
+  ~TorchProcess() {
+    if (out_) {
+      std::fputs("quit\n", out_);
+      std::fclose(out_);
+    }
+    if (in_) std::fclose(in_);
+    if (pid_ > 0) waitpid(pid_, nullptr, 0);
+  }
+  TorchProcess(const TorchProcess&) = delete;
+  TorchProcess& operator=(const TorchProcess&) = delete;
+
+  json read_line() {
+    std::string line;
+    int c;
+    while ((c = std::fgetc(in_)) != EOF && c != '\n') line.push_back(static_cast<char>(c));
+    if (line.empty()) throw std::runtime_error("the PyTorch script ended without an answer (see its stderr above)");
+    return json::parse(line);
+  }
+  double time_steps(int steps) {
+    std::fprintf(out_, "time %d\n", steps);
+    std::fflush(out_);
+    return read_line().at("ms_per_step").get<double>();
+  }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* out_ = nullptr;
+  FILE* in_ = nullptr;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"MLP training step: ringtrain vs PyTorch (one thread, same model, same run)"};
+  int64_t in_features = 784, width = 1024, hidden = 4, classes = 10, batch = 64;
+  double lr = 0.01;
+  int warmup = 5, steps = 10, rounds = 7, check_steps = 5;
+  bool no_torch = false;
+  std::string python = "/usr/bin/python3";
+  std::string script = std::string(RINGTRAIN_SOURCE_DIR) + "/bench/mlp_step_torch.py";
+  std::string json_out;
+  app.add_option("--in-features", in_features, "input width")->capture_default_str();
+  app.add_option("--width", width, "hidden width")->capture_default_str();
+  app.add_option("--hidden", hidden, "number of hidden layers")->capture_default_str();
+  app.add_option("--classes", classes, "output classes")->capture_default_str();
+  app.add_option("--batch", batch, "batch size")->capture_default_str();
+  app.add_option("--lr", lr, "SGD learning rate")->capture_default_str();
+  app.add_option("--warmup", warmup, "untimed steps before timing")->capture_default_str();
+  app.add_option("--steps", steps, "steps per timed round")->capture_default_str();
+  app.add_option("--rounds", rounds, "timed rounds (ours, then PyTorch, alternating)")->capture_default_str();
+  app.add_option("--check-steps", check_steps, "steps whose losses are compared")->capture_default_str();
+  app.add_flag("--no-torch", no_torch, "time ringtrain only");
+  app.add_option("--python", python, "python with torch (Debian's python3-torch)")->capture_default_str();
+  app.add_option("--torch-script", script, "the PyTorch side")->capture_default_str();
+  app.add_option("--json", json_out, "also write the results here as JSON");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    // ---- ours
+    std::vector<int64_t> dims = {in_features};
+    for (int64_t h = 0; h < hidden; ++h) dims.push_back(width);
+    dims.push_back(classes);
+    auto model = std::make_shared<nn::Sequential>();
+    std::vector<std::shared_ptr<nn::Linear>> linears;
+    for (size_t l = 0; l + 1 < dims.size(); ++l) {
+      auto lin = nn::make<nn::Linear>(dims[l], dims[l + 1]);
+      fill_linear(*lin, dims[l], dims[l + 1], static_cast<int>(l));
+      model->push_back(lin);
+      if (l + 2 < dims.size()) model->push_back(nn::make<nn::ReLU>());
+    }
+    std::vector<float> xv(static_cast<size_t>(batch * in_features));
+    for (size_t j = 0; j < xv.size(); ++j) xv[j] = static_cast<float>(2 * u01(static_cast<uint32_t>(j) + 0x27D4EB2Fu) - 1);
+    Tensor x = Tensor::from_vector(xv, {batch, in_features});
+    std::vector<int64_t> yv(static_cast<size_t>(batch));
+    for (int64_t n = 0; n < batch; ++n) yv[n] = n % classes;
+    Tensor y = Tensor::from_vector(yv, {batch});
+    nn::SGD opt(model->parameters(), {.lr = lr});
+
+    auto step = [&] {
+      opt.zero_grad();
+      Tensor loss = ag::cross_entropy((*model)(x), y);
+      autograd::backward(loss);
+      opt.step();
+      return loss;
+    };
+    auto time_ours = [&](int k) {
+      auto t0 = std::chrono::steady_clock::now();
+      Tensor loss;
+      for (int i = 0; i < k; ++i) loss = step();
+      (void)loss.item();
+      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / k;
+    };
+
+    std::vector<double> our_losses;
+    for (int i = 0; i < check_steps; ++i) our_losses.push_back(step().item());
+
+    // ---- PyTorch, started now so that its setup overlaps nothing we time
+    std::unique_ptr<TorchProcess> torch;
+    json torch_info;
+    if (!no_torch) {
+      torch = std::make_unique<TorchProcess>(std::vector<std::string>{
+          python, script, "--serve", "--in-features", std::to_string(in_features), "--width",
+          std::to_string(width), "--hidden", std::to_string(hidden), "--classes", std::to_string(classes),
+          "--batch", std::to_string(batch), "--lr", std::to_string(lr), "--check-steps",
+          std::to_string(check_steps)});
+      torch_info = torch->read_line();
+    }
+
+    // ---- correctness: the same losses, step by step
+    int wrong = 0;
+    double max_rel = 0;
+    if (torch) {
+      std::vector<double> tl = torch_info.at("losses").get<std::vector<double>>();
+      for (int i = 0; i < check_steps; ++i) {
+        double rel = std::abs(our_losses[i] - tl.at(i)) / std::max(1e-12, std::abs(tl[i]));
+        max_rel = std::max(max_rel, rel);
+        if (!(rel <= 1e-4)) ++wrong;
+      }
+    }
+
+    // ---- timing, taking turns
+    time_ours(warmup);
+    if (torch) torch->time_steps(warmup);
+    std::vector<double> ours_ms, torch_ms;
+    for (int r = 0; r < rounds; ++r) {
+      ours_ms.push_back(time_ours(steps));
+      if (torch) torch_ms.push_back(torch->time_steps(steps));
+    }
+
+    const double flops = [&] {
+      double f = 0;
+      for (size_t l = 0; l + 1 < dims.size(); ++l) f += 2.0 * batch * dims[l] * dims[l + 1];
+      return 3 * f;  // forward + two backward GEMMs
+    }();
+    double om = median(ours_ms), omin = *std::min_element(ours_ms.begin(), ours_ms.end());
+    std::printf("MLP step: %lld -> %lld x %lld -> %lld, batch %lld, float32, SGD lr %g, one thread; "
+                "%d rounds x %d steps, median quoted\n",
+                static_cast<long long>(in_features), static_cast<long long>(hidden),
+                static_cast<long long>(width), static_cast<long long>(classes), static_cast<long long>(batch),
+                lr, rounds, steps);
+    std::printf("%-10s %14s %11s %9s %9s %8s\n", "impl", "median ms/step", "min ms", "GFLOP/s", "ratio", "#wrong");
+    std::printf("%-10s %14.3f %11.3f %9.1f %9s %8s\n", "ringtrain", om, omin, flops / om * 1e-6, "",
+                torch ? std::to_string(wrong).c_str() : "-");
+    json result = {{"ours_ms", ours_ms}, {"ours_median_ms", om}, {"our_losses", our_losses}};
+    if (torch) {
+      double tm = median(torch_ms), tmin = *std::min_element(torch_ms.begin(), torch_ms.end());
+      std::printf("%-10s %14.3f %11.3f %9.1f %9s %8s\n", "pytorch", tm, tmin, flops / tm * 1e-6, "", "");
+      std::printf("ratio ringtrain/pytorch (median): %.3f  (target <= 1.0: %s)\n", om / tm,
+                  om / tm <= 1.0 ? "met" : "NOT met");
+      std::printf("loss check over %d steps: max relative difference %.2e, %d wrong\n", check_steps, max_rel,
+                  wrong);
+      std::printf("pytorch %s, BLAS: %s\n", torch_info.value("version", "?").c_str(),
+                  torch_info.value("blas", "?").c_str());
+      result["torch_ms"] = torch_ms;
+      result["torch_median_ms"] = tm;
+      result["ratio"] = om / tm;
+      result["torch"] = torch_info;
+      result["loss_max_rel_diff"] = max_rel;
+      result["wrong"] = wrong;
+    }
+    if (!json_out.empty()) std::ofstream(json_out) << result.dump(2) << "\n";
+    return wrong == 0 ? 0 : 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mlp_step: %s\n", e.what());
+    return 1;
+  }
+}
