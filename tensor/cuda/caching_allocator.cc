@@ -1,0 +1,406 @@
+// caching_allocator.cc: the CUDA caching allocator and the cached pinned-host allocator.
+//
+// defines: caching_allocate, pinned_host_allocate, allocator_stats, empty_cache
+//          (declared in tensor/cuda/runtime.h).
+//
+// Why cache. cudaMalloc and cudaFree are slow (hundreds of microseconds) and
+// cudaFree synchronises the whole device. A training step allocates and frees
+// the same set of activation and gradient buffers every iteration, so after the
+// first step every request can be served from memory we already hold. This is
+// the design PyTorch's CUDACachingAllocator made standard, reduced to its core:
+//
+//  * Size classes. Requests are rounded up to a multiple of 512 bytes. Requests
+//    of at most 1 MiB come from the small pool, carved out of 2 MiB segments;
+//    larger ones from the large pool, carved out of 20 MiB segments (requests
+//    under 10 MiB) or a segment of the request rounded up to 2 MiB.
+//  * Split and merge. A cached block bigger than the request is split; the
+//    remainder stays cached (small pool: when at least 512 bytes remain; large
+//    pool: when more than 1 MiB remains, so big blocks are not shredded). When a
+//    block is freed it merges with free neighbours of the same segment, so a
+//    segment that is entirely free is one block again.
+//  * Streams. A block belongs to the stream that was current when it was
+//    allocated and is only reused for requests on that stream. Work on one
+//    stream runs in order, so a block freed on the host while its kernels are
+//    still queued can be handed to the next kernel on the same stream without
+//    any synchronisation: that kernel runs after the old ones. Using a buffer on
+//    another stream needs an event (the caller orders the streams; see DDP).
+//  * Best fit. Free blocks sit in a std::set ordered by (stream, size, address);
+//    lower_bound finds the smallest block of this stream that is big enough.
+//  * Out of memory. When cudaMalloc fails we return every wholly-free cached
+//    segment to the driver and try once more, then throw an Error naming the
+//    device, the request and the allocator's state.
+//
+// The stats (cuda_malloc_calls in particular) let a test assert that a
+// training-like loop performs no cudaMalloc after its first iteration.
+//
+// Pinned host memory (cudaHostAlloc) is cached too: sizes rounded up to a power
+// of two, exact-size free lists, no splitting. A pinned buffer may still be the
+// source or target of an async copy when its owner drops it, so on free we
+// record an event on the current stream of the current device and hand the
+// block out again only once that event has completed.
+//
+// Lifetime. The allocator objects are created on first use and deliberately
+// never destroyed: DataPtr deleters may run during static destruction (a global
+// Tensor), after which a destroyed allocator would be a use-after-free. The
+// memory itself goes back to the driver at process exit.
+//
+// Thread safety: one mutex per allocator; deleters may run on any thread.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+#include <vector>
+
+#include "tensor/checks.h"
+#include "tensor/cuda/internal.cuh"
+#include "tensor/cuda/runtime.h"
+
+namespace ringtrain::cuda {
+
+namespace {
+
+constexpr size_t kMinBlockSize = 512;               // every size is a multiple of this
+constexpr size_t kSmallSize = 1 << 20;              // largest request served by the small pool
+constexpr size_t kSmallSegment = 2 << 20;           // small-pool segments are 2 MiB
+constexpr size_t kLargeSegment = 20 << 20;          // large requests under kMinLargeAlloc share 20 MiB
+constexpr size_t kMinLargeAlloc = 10 << 20;         // at or above this, a segment of its own
+constexpr size_t kLargeRound = 2 << 20;             // own segments are rounded to 2 MiB
+
+size_t round_size(size_t nbytes) {
+  if (nbytes < kMinBlockSize) return kMinBlockSize;
+  return (nbytes + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize;
+}
+
+size_t segment_size(size_t size) {
+  if (size <= kSmallSize) return kSmallSegment;
+  if (size < kMinLargeAlloc) return kLargeSegment;
+  return (size + kLargeRound - 1) / kLargeRound * kLargeRound;
+}
+
+std::string bytes_str(size_t n) {
+  std::ostringstream os;
+  if (n >= (size_t{1} << 30)) os << static_cast<double>(n) / (1 << 30) << " GiB";
+  else if (n >= (size_t{1} << 20)) os << static_cast<double>(n) / (1 << 20) << " MiB";
+  else os << n << " bytes";
+  return os.str();
+}
+
+// One contiguous piece of a cudaMalloc'd segment. Blocks of a segment form a
+// doubly linked list in address order (prev/next), which is what merging walks.
+struct Block {
+  int device = 0;
+  cudaStream_t stream = nullptr;  // the stream this block is reused on
+  size_t size = 0;
+  void* ptr = nullptr;
+  bool allocated = false;
+  bool small = false;             // which pool it belongs to
+  Block* prev = nullptr;          // neighbour at lower address in the same segment
+  Block* next = nullptr;          // neighbour at higher address in the same segment
+};
+
+struct BlockLess {
+  bool operator()(const Block* a, const Block* b) const {
+    if (a->stream != b->stream) return std::less<cudaStream_t>()(a->stream, b->stream);
+    if (a->size != b->size) return a->size < b->size;
+    return std::less<void*>()(a->ptr, b->ptr);
+  }
+};
+using BlockPool = std::set<Block*, BlockLess>;
+
+struct DeviceState {
+  BlockPool small_pool;                        // free blocks <= 1 MiB
+  BlockPool large_pool;                        // free blocks > 1 MiB
+  std::unordered_map<void*, Block*> active;    // allocated blocks by address
+  AllocatorStats stats;
+};
+
+class CachingAllocator {
+ public:
+  void* allocate(size_t nbytes, int device) {
+    detail::require_cuda("cuda::caching_allocate", device);
+    cudaStream_t stream = detail::raw_stream(device);
+    size_t size = round_size(nbytes);
+    std::lock_guard<std::mutex> lock(mutex_);
+    DeviceState& state = device_state(device);
+    BlockPool& pool = size <= kSmallSize ? state.small_pool : state.large_pool;
+    ++state.stats.allocations;
+
+    Block* block = take_cached(pool, stream, size);
+    if (block != nullptr) {
+      ++state.stats.cache_hits;
+    } else {
+      block = new_segment(state, device, stream, size);
+    }
+    maybe_split(pool, block, size);
+    block->allocated = true;
+    state.active.emplace(block->ptr, block);
+    state.stats.bytes_in_use += block->size;
+    return block->ptr;
+  }
+
+  // Called from DataPtr deleters: must not throw.
+  void free(void* ptr) noexcept {
+    if (ptr == nullptr) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& state : devices_) {
+      if (!state) continue;
+      auto it = state->active.find(ptr);
+      if (it == state->active.end()) continue;
+      Block* block = it->second;
+      state->active.erase(it);
+      block->allocated = false;
+      state->stats.bytes_in_use -= block->size;
+      BlockPool& pool = block->small ? state->small_pool : state->large_pool;
+      // Merge with free neighbours of the same segment (they share the stream).
+      if (block->prev != nullptr && !block->prev->allocated) block = merge(pool, block->prev, block);
+      if (block->next != nullptr && !block->next->allocated) block = merge(pool, block, block->next);
+      pool.insert(block);
+      return;
+    }
+    std::fprintf(stderr, "ringtrain: cuda caching allocator asked to free unknown pointer %p\n", ptr);
+  }
+
+  AllocatorStats stats(int device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (device < 0 || static_cast<size_t>(device) >= devices_.size() || !devices_[device]) return {};
+    return devices_[device]->stats;
+  }
+
+  void empty_cache() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (size_t d = 0; d < devices_.size(); ++d) {
+      if (devices_[d]) release_cached_segments(*devices_[d], static_cast<int>(d));
+    }
+  }
+
+ private:
+  DeviceState& device_state(int device) {
+    if (devices_.size() <= static_cast<size_t>(device)) devices_.resize(device + 1);
+    if (!devices_[device]) devices_[device] = std::make_unique<DeviceState>();
+    return *devices_[device];
+  }
+
+  // The smallest free block of `stream` holding at least `size` bytes, removed from the pool.
+  static Block* take_cached(BlockPool& pool, cudaStream_t stream, size_t size) {
+    Block key;
+    key.stream = stream;
+    key.size = size;
+    key.ptr = nullptr;
+    auto it = pool.lower_bound(&key);
+    if (it == pool.end() || (*it)->stream != stream) return nullptr;
+    Block* block = *it;
+    pool.erase(it);
+    return block;
+  }
+
+  Block* new_segment(DeviceState& state, int device, cudaStream_t stream, size_t size) {
+    size_t bytes = segment_size(size);
+    void* ptr = nullptr;
+    {
+      detail::DeviceGuard guard(device);
+      cudaError_t status = cudaMalloc(&ptr, bytes);
+      if (status == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        release_cached_segments(state, device);  // give the cache back, then try once more
+        status = cudaMalloc(&ptr, bytes);
+      }
+      if (status != cudaSuccess) {
+        (void)cudaGetLastError();
+        throw Error(::ringtrain::detail::concat(
+            "CUDA out of memory: cannot allocate ", bytes_str(bytes), " (request ",
+            bytes_str(size), ") on cuda:", device, ": ", cudaGetErrorString(status), "; ",
+            bytes_str(state.stats.bytes_in_use), " in use by tensors, ",
+            bytes_str(state.stats.bytes_reserved), " reserved by ringtrain. Reduce the batch "
+            "size, or free tensors you no longer need."));
+      }
+    }
+    ++state.stats.cuda_malloc_calls;
+    state.stats.bytes_reserved += bytes;
+    auto* block = new Block;
+    block->device = device;
+    block->stream = stream;
+    block->size = bytes;
+    block->ptr = ptr;
+    block->small = size <= kSmallSize;
+    return block;
+  }
+
+  // Splits `block` so that it is `size` bytes, putting the remainder back in `pool`.
+  static void maybe_split(BlockPool& pool, Block* block, size_t size) {
+    size_t remaining = block->size - size;
+    bool split = block->small ? remaining >= kMinBlockSize : remaining > kSmallSize;
+    if (!split) return;
+    auto* rest = new Block;
+    rest->device = block->device;
+    rest->stream = block->stream;
+    rest->size = remaining;
+    rest->ptr = static_cast<char*>(block->ptr) + size;
+    rest->small = block->small;
+    rest->prev = block;
+    rest->next = block->next;
+    if (block->next != nullptr) block->next->prev = rest;
+    block->next = rest;
+    block->size = size;
+    pool.insert(rest);
+  }
+
+  // Merges free neighbours `lo` and `hi` (lo->next == hi) into `lo`; `hi` is deleted.
+  // Whichever of them is in the pool is taken out first.
+  static Block* merge(BlockPool& pool, Block* lo, Block* hi) {
+    if (!lo->allocated) pool.erase(lo);
+    if (!hi->allocated) pool.erase(hi);
+    lo->size += hi->size;
+    lo->next = hi->next;
+    if (hi->next != nullptr) hi->next->prev = lo;
+    delete hi;
+    return lo;
+  }
+
+  // cudaFree's every cached segment that is entirely free (one block, no neighbours).
+  static void release_cached_segments(DeviceState& state, int device) {
+    detail::DeviceGuard guard(device);
+    for (BlockPool* pool : {&state.small_pool, &state.large_pool}) {
+      for (auto it = pool->begin(); it != pool->end();) {
+        Block* block = *it;
+        if (block->prev == nullptr && block->next == nullptr) {
+          CUDA_CHECK(cudaFree(block->ptr));
+          state.stats.bytes_reserved -= block->size;
+          delete block;
+          it = pool->erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+  }
+
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<DeviceState>> devices_;
+};
+
+CachingAllocator& device_allocator() {
+  static auto* allocator = new CachingAllocator;  // never destroyed: see "Lifetime" above
+  return *allocator;
+}
+
+// ---------------------------------------------------------------- pinned host memory
+
+class PinnedHostAllocator {
+ public:
+  void* allocate(size_t nbytes) {
+    RT_CHECK(is_available(), "cuda::pinned_host_allocate: CUDA is not usable: ",
+             unavailable_reason());
+    size_t size = round_pow2(nbytes);
+    std::lock_guard<std::mutex> lock(mutex_);
+    reclaim_completed();
+    auto& free_list = free_[size];
+    if (!free_list.empty()) {
+      void* ptr = free_list.back();
+      free_list.pop_back();
+      sizes_[ptr] = size;
+      return ptr;
+    }
+    void* ptr = nullptr;
+    cudaError_t status = cudaHostAlloc(&ptr, size, cudaHostAllocDefault);
+    if (status != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw Error(::ringtrain::detail::concat("cudaHostAlloc of ", bytes_str(size),
+                                 " pinned host bytes failed: ", cudaGetErrorString(status)));
+    }
+    sizes_[ptr] = size;
+    return ptr;
+  }
+
+  // Called from DataPtr deleters: must not throw.
+  void free(void* ptr) noexcept {
+    if (ptr == nullptr) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = sizes_.find(ptr);
+    if (it == sizes_.end()) return;
+    size_t size = it->second;
+    sizes_.erase(it);
+    // Guard against an async copy still reading/writing the buffer: reuse it only
+    // after the work queued so far on the current stream has finished.
+    cudaEvent_t event = nullptr;
+    int device = 0;
+    if (cudaGetDevice(&device) == cudaSuccess &&
+        cudaEventCreateWithFlags(&event, cudaEventDisableTiming) == cudaSuccess) {
+      void* stream = nullptr;
+      try {
+        stream = current_stream(device).handle();
+      } catch (...) {
+        stream = nullptr;
+      }
+      if (cudaEventRecord(event, static_cast<cudaStream_t>(stream)) == cudaSuccess) {
+        pending_.push_back({event, ptr, size});
+        return;
+      }
+      (void)cudaEventDestroy(event);
+    }
+    (void)cudaGetLastError();
+    free_[size].push_back(ptr);
+  }
+
+ private:
+  struct Pending {
+    cudaEvent_t event;
+    void* ptr;
+    size_t size;
+  };
+
+  static size_t round_pow2(size_t n) {
+    size_t size = kMinBlockSize;
+    while (size < n) size <<= 1;
+    return size;
+  }
+
+  void reclaim_completed() {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      cudaError_t status = cudaEventQuery(it->event);
+      if (status == cudaErrorNotReady) {
+        (void)cudaGetLastError();
+        ++it;
+        continue;
+      }
+      (void)cudaGetLastError();  // an error here means the event is unusable: reuse anyway
+      (void)cudaEventDestroy(it->event);
+      free_[it->size].push_back(it->ptr);
+      it = pending_.erase(it);
+    }
+  }
+
+  std::mutex mutex_;
+  std::map<size_t, std::vector<void*>> free_;  // size class -> cached buffers
+  std::unordered_map<void*, size_t> sizes_;    // buffers handed out
+  std::vector<Pending> pending_;               // freed, waiting for their event
+};
+
+PinnedHostAllocator& host_allocator() {
+  static auto* allocator = new PinnedHostAllocator;  // never destroyed, as above
+  return *allocator;
+}
+
+}  // namespace
+
+DataPtr caching_allocate(size_t nbytes, int device) {
+  if (nbytes == 0) return DataPtr(nullptr, [](void*) {});
+  void* ptr = device_allocator().allocate(nbytes, device);
+  return DataPtr(ptr, [](void* p) { device_allocator().free(p); });
+}
+
+DataPtr pinned_host_allocate(size_t nbytes) {
+  if (nbytes == 0) return DataPtr(nullptr, [](void*) {});
+  void* ptr = host_allocator().allocate(nbytes);
+  return DataPtr(ptr, [](void* p) { host_allocator().free(p); });
+}
+
+AllocatorStats allocator_stats(int device) { return device_allocator().stats(device); }
+
+void empty_cache() { device_allocator().empty_cache(); }
+
+}  // namespace ringtrain::cuda
