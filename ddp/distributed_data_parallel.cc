@@ -1,0 +1,134 @@
+// distributed_data_parallel.cc: construction checks, state broadcast, forward.
+#include "ddp/distributed_data_parallel.h"
+
+#include <sstream>
+
+#include "autograd/autograd.h"
+#include "tensor/ops.h"
+
+namespace ringtrain::ddp {
+
+namespace {
+comm::BufferRef buffer_of(const Tensor& t) {
+  return comm::BufferRef{t.data_ptr(), static_cast<size_t>(t.numel()), t.dtype(), t.device()};
+}
+
+constexpr size_t kMaxDims = 8;
+constexpr size_t kSignatureWords = 2 + kMaxDims;  // dtype, rank, dims
+
+std::string describe_signature(const int64_t* s) {
+  std::ostringstream os;
+  os << dtype_name(static_cast<DType>(s[0])) << "[";
+  for (int64_t d = 0; d < s[1] && d < static_cast<int64_t>(kMaxDims); ++d) os << (d ? ", " : "") << s[2 + d];
+  os << "]";
+  return os.str();
+}
+}  // namespace
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> module,
+                                                 std::shared_ptr<comm::ProcessGroup> group,
+                                                 DdpOptions options)
+    : module_(std::move(module)), group_(std::move(group)), options_(options) {
+  RT_CHECK(module_ != nullptr, "DistributedDataParallel: module is null");
+  RT_CHECK(group_ != nullptr, "DistributedDataParallel: process group is null; call "
+                              "comm::init_process_group() first");
+  verify_same_parameters();
+  broadcast_state(/*parameters=*/true, /*buffers=*/true);
+  std::vector<Tensor> params;
+  std::vector<std::string> names;
+  for (auto& [name, p] : module_->named_parameters()) {
+    if (!autograd::requires_grad(p)) continue;  // frozen parameters are not reduced
+    params.push_back(p);
+    names.push_back(name);
+  }
+  ReducerOptions reducer_options;
+  reducer_options.first_bucket_bytes = options_.first_bucket_bytes;
+  reducer_options.bucket_bytes_cap = options_.bucket_cap_bytes;
+  reducer_options.find_unused_parameters = options_.find_unused_parameters;
+  reducer_options.static_graph = options_.static_graph;
+  reducer_options.gradient_as_bucket_view = options_.gradient_as_bucket_view;
+  reducer_options.overlap = options_.overlap;
+  reducer_ = std::make_unique<Reducer>(std::move(params), std::move(names), group_, reducer_options);
+}
+
+void DistributedDataParallel::verify_same_parameters() {
+  auto named = module_->named_parameters();
+  const int world = group_->size();
+  // 1. the number of parameters on every rank
+  int64_t count = static_cast<int64_t>(named.size());
+  std::vector<int64_t> counts(world);
+  group_->allgather({&count, 1, DType::kInt64, Device::cpu()}, {counts.data(), counts.size(), DType::kInt64, Device::cpu()})
+      .wait(group_->options().timeout);
+  for (int r = 0; r < world; ++r) {
+    if (counts[r] == counts[0]) continue;
+    std::ostringstream os;
+    os << "DistributedDataParallel: ranks have different models: rank 0 has " << counts[0]
+       << " parameters but rank " << r << " has " << counts[r]
+       << "; every rank must construct the same model before wrapping it in DDP";
+    throw Error(os.str());
+  }
+  // 2. dtype and shape of each, in order
+  std::vector<int64_t> mine(named.size() * kSignatureWords, 0);
+  for (size_t i = 0; i < named.size(); ++i) {
+    const Tensor& p = named[i].second;
+    RT_CHECK(p.dim() <= static_cast<int64_t>(kMaxDims), "DistributedDataParallel: parameter '",
+             named[i].first, "' has more than ", kMaxDims, " dims");
+    int64_t* s = &mine[i * kSignatureWords];
+    s[0] = static_cast<int64_t>(p.dtype());
+    s[1] = p.dim();
+    for (int64_t d = 0; d < p.dim(); ++d) s[2 + d] = p.size(d);
+  }
+  std::vector<int64_t> all(mine.size() * world);
+  group_->allgather({mine.data(), mine.size(), DType::kInt64, Device::cpu()}, {all.data(), all.size(), DType::kInt64, Device::cpu()})
+      .wait(group_->options().timeout);
+  for (size_t i = 0; i < named.size(); ++i) {
+    const int64_t* reference = &all[i * kSignatureWords];
+    for (int r = 1; r < world; ++r) {
+      const int64_t* other = &all[(r * named.size() + i) * kSignatureWords];
+      if (std::equal(reference, reference + kSignatureWords, other)) continue;
+      std::ostringstream os;
+      os << "DistributedDataParallel: ranks have different models: parameter #" << i << " ('"
+         << named[i].first << "' here on rank " << group_->rank() << ") is " << describe_signature(reference)
+         << " on rank 0 but " << describe_signature(other) << " on rank " << r
+         << "; every rank must construct the same model before wrapping it in DDP";
+      throw Error(os.str());
+    }
+  }
+}
+
+void DistributedDataParallel::broadcast_state(bool parameters, bool buffers) {
+  if (group_->size() == 1) return;
+  autograd::NoGradGuard no_grad;
+  std::vector<comm::Work> works;
+  auto send = [&](Tensor t) {
+    RT_CHECK(t.is_contiguous(), "DistributedDataParallel: cannot broadcast non-contiguous ", t.describe());
+    if (t.numel() > 0) works.push_back(group_->broadcast(buffer_of(t), 0));
+  };
+  if (parameters)
+    for (auto& p : module_->parameters()) send(p);
+  if (buffers)
+    for (auto& b : module_->buffers()) send(b);
+  for (auto& w : works) w.wait(group_->options().timeout);
+}
+
+void DistributedDataParallel::pre_forward() {
+  forward_start_ = std::chrono::steady_clock::now();
+  if (options_.broadcast_buffers) broadcast_state(/*parameters=*/false, /*buffers=*/true);
+}
+
+void DistributedDataParallel::post_forward(const std::vector<Tensor>& outputs) {
+  // With grad mode off there will be no backward to reduce for.
+  bool will_backward = autograd::grad_enabled();
+  reducer_->prepare_for_backward(outputs, sync_ && will_backward);
+  reducer_->mutable_stats().forward_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - forward_start_).count();
+}
+
+Tensor DistributedDataParallel::forward(const Tensor& input) {
+  pre_forward();
+  Tensor output = module_->forward(input);
+  post_forward({output});
+  return output;
+}
+
+}  // namespace ringtrain::ddp

@@ -1,0 +1,83 @@
+// distributed_data_parallel.h: the DDP wrapper a training loop holds.
+//
+// defines: DdpOptions, DistributedDataParallel (with NoSyncGuard).
+//
+// Construction (a collective: every rank must construct at the same point):
+//   1. verify that every rank has the same parameters (count, then dtype and shape
+//      of each, in order); on mismatch throw naming the first differing parameter
+//      and the ranks, instead of hanging or silently averaging unrelated tensors;
+//   2. broadcast parameters and buffers from rank 0, so all replicas start equal;
+//   3. build the Reducer (buckets + post-accumulate hooks on every parameter).
+// Each forward(): broadcast buffers from rank 0 (BatchNorm statistics), run the
+// module, and tell the Reducer a backward is coming. The backward itself is plain
+// autograd::backward(loss): the hooks do the rest (see reducer.h).
+#pragma once
+
+#include <memory>
+
+#include "comm/process_group.h"
+#include "ddp/reducer.h"
+#include "nn/module.h"
+
+namespace ringtrain::ddp {
+
+struct DdpOptions {
+  size_t bucket_cap_bytes = kDefaultBucketBytesCap;        // PyTorch's bucket_cap_mb, in bytes
+  size_t first_bucket_bytes = kDefaultFirstBucketBytes;
+  bool find_unused_parameters = false;
+  bool static_graph = false;
+  bool gradient_as_bucket_view = false;
+  bool broadcast_buffers = true;   // sync buffers from rank 0 before every forward
+  bool overlap = true;             // launch buckets during backward (false: all at the end)
+};
+
+class DistributedDataParallel {
+ public:
+  DistributedDataParallel(std::shared_ptr<nn::Module> module, std::shared_ptr<comm::ProcessGroup> group,
+                          DdpOptions options = {});
+
+  // Runs the module on this rank's batch and prepares the gradient reduction.
+  Tensor forward(const Tensor& input);
+  Tensor operator()(const Tensor& input) { return forward(input); }
+  // For modules with other signatures: run the module yourself between
+  // pre_forward() and post_forward(outputs).
+  void pre_forward();
+  void post_forward(const std::vector<Tensor>& outputs);
+
+  // Inside a NoSyncGuard's scope, backward only accumulates gradients locally; the
+  // first backward after the scope reduces the accumulated sum (gradient
+  // accumulation over several micro-batches).
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(DistributedDataParallel& ddp) : ddp_(ddp), previous_(ddp.sync_) { ddp_.sync_ = false; }
+    ~NoSyncGuard() { ddp_.sync_ = previous_; }
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    DistributedDataParallel& ddp_;
+    bool previous_;
+  };
+  NoSyncGuard no_sync() { return NoSyncGuard(*this); }
+
+  void register_comm_hook(CommHook hook) { reducer_->register_comm_hook(std::move(hook)); }
+
+  nn::Module& module() { return *module_; }
+  std::shared_ptr<nn::Module> module_ptr() const { return module_; }
+  comm::ProcessGroup& process_group() { return *group_; }
+  Reducer& reducer() { return *reducer_; }
+  const StepStats& last_stats() const { return reducer_->last_stats(); }
+
+ private:
+  void verify_same_parameters();
+  void broadcast_state(bool parameters, bool buffers);
+
+  std::shared_ptr<nn::Module> module_;          // the replica on this rank
+  std::shared_ptr<comm::ProcessGroup> group_;   // the data-parallel group
+  DdpOptions options_;
+  std::unique_ptr<Reducer> reducer_;            // buckets and hooks
+  bool sync_ = true;                            // false inside no_sync()
+  std::chrono::steady_clock::time_point forward_start_;
+};
+
+}  // namespace ringtrain::ddp

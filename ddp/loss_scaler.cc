@@ -1,0 +1,97 @@
+// loss_scaler.cc: see loss_scaler.h for the algorithm (PyTorch GradScaler rules).
+#include "ddp/loss_scaler.h"
+
+#include "tensor/ops.h"
+
+namespace ringtrain::ddp {
+
+LossScaler::LossScaler(LossScalerOptions options, std::shared_ptr<comm::ProcessGroup> group)
+    : options_(options), group_(std::move(group)), scale_(options.init_scale) {
+  RT_CHECK(options_.init_scale > 0 && options_.growth_factor > 1.0 && options_.backoff_factor > 0 &&
+               options_.backoff_factor < 1.0 && options_.growth_interval > 0,
+           "LossScaler: need init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 and "
+           "growth_interval > 0; got ", options_.init_scale, ", ", options_.growth_factor, ", ",
+           options_.backoff_factor, ", ", options_.growth_interval);
+}
+
+Tensor LossScaler::scale(const Tensor& loss) const {
+  if (!options_.enabled) return loss;
+  return mul(loss, scale_);
+}
+
+bool LossScaler::any_rank(bool flag) const {
+  if (!group_ || group_->size() == 1) return flag;
+  float value = flag ? 1.0f : 0.0f;
+  group_->allreduce(comm::BufferRef{&value, 1, DType::kFloat32, Device::cpu()}, comm::ReduceOp::kMax)
+      .wait();
+  return value > 0.0f;
+}
+
+bool LossScaler::unscale_(const std::vector<Tensor>& grads) {
+  RT_CHECK(!unscaled_, "LossScaler::unscale_: already called since the last update(); "
+                       "call it at most once per step");
+  unscaled_ = true;
+  if (!options_.enabled) return found_inf_ = false;
+  const double inverse = 1.0 / scale_;
+  bool local_inf = false;
+  for (const Tensor& grad : grads) {
+    if (!grad.defined()) continue;
+    Tensor g = grad;
+    mul_(g, inverse);
+    // inf and NaN survive the division, so checking the unscaled values is enough.
+    if (!local_inf && !all_finite(g)) local_inf = true;
+  }
+  found_inf_ = any_rank(local_inf);
+  return found_inf_;
+}
+
+bool LossScaler::step(const std::vector<Tensor>& grads, const std::function<void()>& optimizer_step) {
+  if (!unscaled_) unscale_(grads);
+  last_step_skipped_ = found_inf_;
+  if (!found_inf_) optimizer_step();
+  return !last_step_skipped_;
+}
+
+void LossScaler::update() {
+  RT_CHECK(unscaled_ || !options_.enabled, "LossScaler::update: called without step() or unscale_() "
+                                           "in this iteration");
+  if (options_.enabled) {
+    if (found_inf_) {
+      scale_ *= options_.backoff_factor;
+      growth_tracker_ = 0;
+    } else if (++growth_tracker_ == options_.growth_interval) {
+      scale_ *= options_.growth_factor;
+      growth_tracker_ = 0;
+    }
+  }
+  unscaled_ = false;
+  found_inf_ = false;
+}
+
+nlohmann::json LossScaler::state_dict() const {
+  return {{"scale", scale_},
+          {"growth_tracker", growth_tracker_},
+          {"growth_factor", options_.growth_factor},
+          {"backoff_factor", options_.backoff_factor},
+          {"growth_interval", options_.growth_interval},
+          {"enabled", options_.enabled}};
+}
+
+void LossScaler::load_state_dict(const nlohmann::json& state) {
+  try {
+    scale_ = state.at("scale").get<double>();
+    growth_tracker_ = state.at("growth_tracker").get<int64_t>();
+    options_.growth_factor = state.at("growth_factor").get<double>();
+    options_.backoff_factor = state.at("backoff_factor").get<double>();
+    options_.growth_interval = state.at("growth_interval").get<int64_t>();
+    options_.enabled = state.at("enabled").get<bool>();
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(std::string("LossScaler::load_state_dict: malformed state (") + e.what() +
+                "); expected the object written by state_dict()");
+  }
+  RT_CHECK(scale_ > 0, "LossScaler::load_state_dict: scale must be positive, got ", scale_);
+  unscaled_ = false;
+  found_inf_ = false;
+}
+
+}  // namespace ringtrain::ddp

@@ -1,0 +1,361 @@
+// reducer.cc: see reducer.h for the walk through one step and the cost model.
+#include "ddp/reducer.h"
+
+#include <algorithm>
+#include <map>
+#include <unordered_set>
+
+#include "tensor/ops.h"
+
+namespace ringtrain::ddp {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+comm::BufferRef buffer_of(const Tensor& t) {
+  return comm::BufferRef{t.data_ptr(), static_cast<size_t>(t.numel()), t.dtype(), t.device()};
+}
+
+CommHookResult compress_hook(comm::ProcessGroup& group, Bucket& bucket, DType wire_dtype) {
+  // Divide first so the half-precision sum cannot overflow where the average would not.
+  Tensor compressed = div(bucket.flat, static_cast<double>(group.size())).to(wire_dtype);
+  comm::Work work = group.allreduce(buffer_of(compressed), comm::ReduceOp::kSum);
+  Tensor flat = bucket.flat;
+  return {work, [flat, compressed]() mutable { flat.copy_(compressed); }};
+}
+}  // namespace
+
+CommHookResult allreduce_average_hook(comm::ProcessGroup& group, Bucket& bucket) {
+  return {group.allreduce(buffer_of(bucket.flat), comm::ReduceOp::kAvg), nullptr};
+}
+CommHookResult fp16_compress_hook(comm::ProcessGroup& group, Bucket& bucket) {
+  return compress_hook(group, bucket, DType::kFloat16);
+}
+CommHookResult bf16_compress_hook(comm::ProcessGroup& group, Bucket& bucket) {
+  return compress_hook(group, bucket, DType::kBFloat16);
+}
+
+Reducer::Reducer(std::vector<Tensor> params, std::vector<std::string> names,
+                 std::shared_ptr<comm::ProcessGroup> group, ReducerOptions options)
+    : params_(std::move(params)),
+      names_(std::move(names)),
+      group_(std::move(group)),
+      options_(options),
+      comm_hook_(allreduce_average_hook) {
+  RT_CHECK(group_ != nullptr, "Reducer: needs a process group");
+  RT_CHECK(names_.size() == params_.size(), "Reducer: ", params_.size(), " parameters but ",
+           names_.size(), " names");
+  RT_CHECK(options_.first_bucket_bytes > 0 && options_.bucket_bytes_cap > 0,
+           "Reducer: bucket caps must be positive");
+  for (size_t i = 0; i < params_.size(); ++i) {
+    RT_CHECK(params_[i].defined() && autograd::requires_grad(params_[i]) && autograd::is_leaf(params_[i]),
+             "Reducer: parameter '", names_[i], "' must be a leaf tensor with requires_grad");
+    for (size_t j = 0; j < i; ++j)
+      RT_CHECK(!params_[i].is_same(params_[j]), "Reducer: parameter '", names_[i],
+               "' is the same tensor as '", names_[j], "'; shared parameters must be listed once");
+  }
+  // Initial assignment: reverse registration order, because backward produces the
+  // last layer's gradients first.
+  std::vector<size_t> order(params_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;
+  build_buckets(order);
+  ready_.assign(params_.size(), false);
+  used_.assign(params_.size(), false);
+  for (size_t i = 0; i < params_.size(); ++i)
+    hooks_.push_back(autograd::register_post_accumulate_grad_hook(
+        params_[i], [this, i](const Tensor&) { on_gradient_ready(i); }));
+}
+
+Reducer::~Reducer() {
+  for (auto& hook : hooks_) hook.remove();
+  // Never leave a collective reading our buffers after they are freed.
+  for (auto& bucket : buckets_) {
+    try {
+      if (bucket.launched) bucket.work.wait();
+    } catch (...) {
+      // The group has failed; its error was (or will be) reported by whoever waits next.
+    }
+  }
+}
+
+void Reducer::build_buckets(const std::vector<size_t>& order) {
+  // Fill one open bucket per (dtype, device) in `order`; close a bucket when it
+  // reaches its cap. The first bucket of each kind gets the small cap so that the
+  // first collective can start as early as possible.
+  struct Open {
+    std::vector<size_t> indices;
+    size_t bytes = 0;
+    size_t cap = 0;
+  };
+  std::map<std::pair<int, std::string>, Open> open;
+  std::vector<std::vector<size_t>> assignment;
+  for (size_t i : order) {
+    const Tensor& p = params_[i];
+    auto key = std::make_pair(static_cast<int>(p.dtype()), p.device().str());
+    auto [it, inserted] = open.try_emplace(key);
+    if (inserted) it->second.cap = options_.first_bucket_bytes;
+    it->second.indices.push_back(i);
+    it->second.bytes += p.nbytes();
+    if (it->second.bytes >= it->second.cap) {
+      assignment.push_back(std::move(it->second.indices));
+      it->second = Open{{}, 0, options_.bucket_bytes_cap};
+    }
+  }
+  // Leftover partial buckets, in the order their first variable appeared.
+  std::vector<std::vector<size_t>> rest;
+  for (auto& [key, o] : open)
+    if (!o.indices.empty()) rest.push_back(std::move(o.indices));
+  std::sort(rest.begin(), rest.end(), [&](const auto& a, const auto& b) {
+    auto pos = [&](size_t v) { return std::find(order.begin(), order.end(), v) - order.begin(); };
+    return pos(a.front()) < pos(b.front());
+  });
+  for (auto& r : rest) assignment.push_back(std::move(r));
+
+  buckets_.clear();
+  locators_.assign(params_.size(), VariableLocator{});
+  for (size_t b = 0; b < assignment.size(); ++b) {
+    Bucket bucket;
+    int64_t total = 0;
+    for (size_t i : assignment[b]) {
+      bucket.variable_indices.push_back(i);
+      bucket.offsets.push_back(total);
+      bucket.lengths.push_back(params_[i].numel());
+      total += params_[i].numel();
+    }
+    const Tensor& first = params_[assignment[b].front()];
+    bucket.flat = zeros({total}, first.dtype(), first.device());
+    for (size_t j = 0; j < bucket.variable_indices.size(); ++j) {
+      size_t i = bucket.variable_indices[j];
+      bucket.views.push_back(bucket.flat.narrow(0, bucket.offsets[j], bucket.lengths[j]).view(params_[i].shape()));
+      locators_[i] = VariableLocator{b, j};
+    }
+    buckets_.push_back(std::move(bucket));
+  }
+}
+
+std::vector<std::vector<size_t>> Reducer::bucket_assignment() const {
+  std::vector<std::vector<size_t>> out;
+  for (const auto& b : buckets_) out.push_back(b.variable_indices);
+  return out;
+}
+
+void Reducer::attach_grad_views() {
+  // gradient_as_bucket_view: .grad *is* the bucket slot, so autograd accumulates
+  // straight into the buffer the collective reads, and no copy happens either way.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const VariableLocator& loc = locators_[i];
+    Tensor view = buckets_[loc.bucket_index].views[loc.intra_bucket_index];
+    Tensor g = autograd::grad(params_[i]);
+    if (g.defined() && g.is_same(view)) continue;
+    if (g.defined()) view.copy_(g);  // keep accumulated values (no_sync) when re-attaching
+    else zero_(view);
+    autograd::set_grad(params_[i], view);
+  }
+}
+
+void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync) {
+  if (!pending_error_.empty()) {
+    std::string message = std::move(pending_error_);
+    pending_error_.clear();
+    throw Error(message);
+  }
+  expect_hooks_ = sync;
+  callback_queued_ = false;
+  if (!sync) return;  // no_sync: gradients only accumulate locally in .grad
+
+  std::fill(ready_.begin(), ready_.end(), false);
+  std::fill(used_.begin(), used_.end(), false);
+  ready_order_.clear();
+  next_bucket_ = 0;
+  timings_.clear();
+  for (auto& bucket : buckets_) {
+    bucket.pending = bucket.variable_indices.size();
+    bucket.launched = false;
+    bucket.work = comm::Work();
+    bucket.finish = nullptr;
+  }
+  if (options_.gradient_as_bucket_view) attach_grad_views();
+  backward_start_ = last_hook_time_ = Clock::now();
+  stats_.backward_ms = stats_.backward_compute_ms = stats_.comm_wait_ms = 0;
+
+  if (options_.static_graph && first_step_done_) {
+    // The graph never changes: the parameters unused in step 1 are unused now.
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (static_unused_[i]) mark_variable_ready(i, false);
+  } else if (options_.find_unused_parameters) {
+    // Walk the graph from the outputs; a parameter whose AccumulateGrad node is not
+    // reachable will get no gradient in this backward, so it is ready right now.
+    std::unordered_set<const autograd::Node*> reachable;
+    std::vector<std::shared_ptr<autograd::Node>> stack;
+    for (const Tensor& out : outputs)
+      if (out.defined())
+        if (auto fn = autograd::grad_fn(out)) stack.push_back(fn);
+    while (!stack.empty()) {
+      auto node = stack.back();
+      stack.pop_back();
+      if (!reachable.insert(node.get()).second) continue;
+      for (const auto& edge : node->next_edges)
+        if (edge.node && !reachable.count(edge.node.get())) stack.push_back(edge.node);
+    }
+    for (size_t i = 0; i < params_.size(); ++i) {
+      auto* m = autograd::meta_or_null(params_[i]);
+      auto accumulator = m ? m->grad_accumulator.lock() : nullptr;
+      if (!accumulator || !reachable.count(accumulator.get())) mark_variable_ready(i, false);
+    }
+  }
+}
+
+void Reducer::on_gradient_ready(size_t index) {
+  if (!expect_hooks_) return;  // no_sync, or a backward DDP did not prepare
+  if (!callback_queued_) {
+    autograd::queue_callback([this] { finalize_backward(); });
+    callback_queued_ = true;
+  }
+  RT_CHECK(!ready_[index], "DDP: parameter '", names_[index], "' received a gradient twice in one "
+           "backward pass (was it marked unused by find_unused_parameters, or is backward run twice "
+           "per forward?)");
+  last_hook_time_ = Clock::now();
+  mark_variable_ready(index, true);
+}
+
+void Reducer::mark_variable_ready(size_t index, bool used) {
+  ready_[index] = true;
+  used_[index] = used;
+  if (used) ready_order_.push_back(index);
+  const VariableLocator& loc = locators_[index];
+  Bucket& bucket = buckets_[loc.bucket_index];
+  Tensor& view = bucket.views[loc.intra_bucket_index];
+  Tensor g = autograd::grad(params_[index]);
+  if (!used || !g.defined()) {
+    zero_(view);  // an unused parameter contributes zeros to the average
+  } else if (!g.is_same(view)) {
+    view.copy_(g);  // gradient_as_bucket_view makes this a no-op (same tensor)
+  }
+  if (--bucket.pending == 0) {
+    bucket.ready_time = Clock::now();
+    launch_ready_buckets();
+  }
+}
+
+void Reducer::launch_ready_buckets() {
+  if (!options_.overlap) return;  // everything launches in finalize_backward
+  // Strictly in index order: a complete bucket waits for all lower-indexed buckets,
+  // so that every rank issues the same collective sequence.
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
+    Bucket& bucket = buckets_[next_bucket_++];
+    bucket.launch_time = Clock::now();
+    CommHookResult result = comm_hook_(*group_, bucket);
+    bucket.work = std::move(result.work);
+    bucket.finish = std::move(result.finish);
+    bucket.launched = true;
+  }
+}
+
+std::string Reducer::unready_parameter_names() const {
+  std::string names;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!ready_[i]) names += (names.empty() ? "" : ", ") + names_[i];
+  return names;
+}
+
+void Reducer::finalize_backward() {
+  callback_queued_ = false;
+  expect_hooks_ = false;
+  // Step 1: parameters that never got a gradient.
+  if (options_.find_unused_parameters || (options_.static_graph && !first_step_done_)) {
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (!ready_[i]) mark_variable_ready(i, false);
+  }
+  bool complete = std::all_of(buckets_.begin(), buckets_.end(), [](const Bucket& b) { return b.pending == 0; });
+  if (!complete) {
+    // Only buckets already launched are waited for, so the ranks' collective
+    // sequences stay matched; the error surfaces at the next iteration.
+    pending_error_ = "DDP: parameter(s) " + unready_parameter_names() +
+                     " received no gradient in the previous backward pass, so their buckets were "
+                     "never reduced. Pass find_unused_parameters=true to DistributedDataParallel if "
+                     "some parameters are legitimately unused, or make sure every parameter takes "
+                     "part in computing the loss.";
+    for (auto& bucket : buckets_)
+      if (bucket.launched) bucket.work.wait(group_->options().timeout);
+    return;
+  }
+  // Step 2: without overlap, everything goes out now (still in index order).
+  if (!options_.overlap) {
+    options_.overlap = true;
+    launch_ready_buckets();
+    options_.overlap = false;
+  }
+  // Step 3: wait for the collectives in order and finish them (average/decompress).
+  Clock::time_point wait_start = Clock::now();
+  size_t bytes = 0;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bucket = buckets_[b];
+    bucket.work.wait(group_->options().timeout);
+    if (bucket.finish) bucket.finish();
+    bytes += bucket.flat.nbytes();
+    timings_.push_back({b, bucket.flat.nbytes(), ms_between(backward_start_, bucket.ready_time),
+                        ms_between(backward_start_, bucket.launch_time),
+                        ms_between(backward_start_, Clock::now())});
+  }
+  stats_.comm_wait_ms = ms_between(wait_start, Clock::now());
+
+  // Step 4: which parameters were used anywhere? (only when some may be unused)
+  std::vector<bool> globally_used(params_.size(), true);
+  if (options_.find_unused_parameters || options_.static_graph) {
+    std::vector<int32_t> used(params_.size());
+    for (size_t i = 0; i < params_.size(); ++i) used[i] = used_[i] ? 1 : 0;
+    group_->allreduce({used.data(), used.size(), DType::kInt32, Device::cpu()}, comm::ReduceOp::kMax)
+        .wait(group_->options().timeout);
+    for (size_t i = 0; i < params_.size(); ++i) globally_used[i] = used[i] != 0;
+  }
+
+  // Step 5: averaged gradients back into .grad. A parameter no rank used keeps
+  // no gradient, exactly as in single-process training.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const VariableLocator& loc = locators_[i];
+    const Tensor& view = buckets_[loc.bucket_index].views[loc.intra_bucket_index];
+    Tensor g = autograd::grad(params_[i]);
+    if (!globally_used[i]) {
+      autograd::set_grad(params_[i], Tensor());
+    } else if (!g.defined()) {
+      autograd::set_grad(params_[i], options_.gradient_as_bucket_view ? view : view.clone());
+    } else if (!g.is_same(view)) {
+      g.copy_(view);
+    }
+  }
+
+  if (options_.static_graph && !first_step_done_) {
+    static_unused_.assign(params_.size(), false);
+    for (size_t i = 0; i < params_.size(); ++i) static_unused_[i] = !globally_used[i];
+  }
+  first_step_done_ = true;
+  maybe_rebuild_buckets();
+
+  Clock::time_point end = Clock::now();
+  stats_.backward_ms = ms_between(backward_start_, end);
+  stats_.backward_compute_ms = ms_between(backward_start_, last_hook_time_);
+  stats_.buckets = buckets_.size();
+  stats_.bytes_reduced = bytes;
+}
+
+void Reducer::maybe_rebuild_buckets() {
+  if (rebuilt_ || !options_.rebuild_buckets) return;
+  rebuilt_ = true;
+  // The order gradients really became ready here, unused parameters last (in
+  // reverse registration order). Rank 0's order wins so that all ranks agree.
+  std::vector<int64_t> order(ready_order_.begin(), ready_order_.end());
+  std::vector<bool> seen(params_.size(), false);
+  for (int64_t i : order) seen[i] = true;
+  for (size_t i = params_.size(); i-- > 0;)
+    if (!seen[i]) order.push_back(static_cast<int64_t>(i));
+  group_->broadcast({order.data(), order.size(), DType::kInt64, Device::cpu()}, 0)
+      .wait(group_->options().timeout);
+  std::vector<size_t> new_order(order.begin(), order.end());
+  build_buckets(new_order);
+}
+
+}  // namespace ringtrain::ddp

@@ -1,0 +1,173 @@
+// reducer.h: DDP's gradient reducer: buckets, readiness, and overlap of the
+// allreduce with the backward pass.
+//
+// defines: Bucket, VariableLocator, CommHook (+ CommHookResult), ReducerOptions,
+//          StepStats, Reducer.
+//
+// The walk through one step (docs/ddp-internals.md tells it with pictures):
+//   prepare_for_backward(outputs)   before backward: reset per-step state; with
+//                                   find_unused_parameters walk the graph from the
+//                                   outputs and mark unreachable parameters ready.
+//   post-accumulate hook (param i)  during backward, when autograd has finished
+//                                   accumulating i's gradient: copy it into its
+//                                   bucket slot (or nothing: gradient_as_bucket_view),
+//                                   count the bucket down, and launch every bucket
+//                                   that is complete *and whose turn it is*: buckets
+//                                   go out strictly in index order on every rank, so
+//                                   collective i is the same bucket everywhere.
+//   finalize (queued callback)      once backward ends: wait for the buckets' Work
+//                                   in order, run the comm hook's finish step
+//                                   (e.g. decompress), write the averaged gradients
+//                                   back into .grad (or nothing: they are views).
+//
+// Cost model: with B buckets of sizes s_b, allreduce time is sum_b (alpha + beta*s_b);
+// bucket b can start once the last of its parameters' gradients exists, so all
+// but the last bucket's communication can hide behind the rest of backward. Small
+// first bucket (1 MiB): the first collective starts early; large later buckets
+// (25 MiB): few alpha terms.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "autograd/autograd.h"
+#include "comm/process_group.h"
+#include "tensor/tensor.h"
+
+namespace ringtrain::ddp {
+
+inline constexpr size_t kDefaultFirstBucketBytes = 1 << 20;     // 1 MiB, as PyTorch
+inline constexpr size_t kDefaultBucketBytesCap = 25 << 20;      // 25 MiB, as PyTorch
+
+// Where a parameter's gradient lives in the buckets.
+struct VariableLocator {
+  size_t bucket_index = 0;        // which bucket
+  size_t intra_bucket_index = 0;  // position among that bucket's variables
+};
+
+// A contiguous group of gradients reduced by one collective.
+struct Bucket {
+  Tensor flat;                          // all gradients of this bucket, back to back (1-D)
+  std::vector<size_t> variable_indices; // parameter indices, in bucket order
+  std::vector<int64_t> offsets;         // element offset of each variable in `flat`
+  std::vector<int64_t> lengths;         // element count of each variable
+  std::vector<Tensor> views;            // flat.narrow(offset, length).view(param shape)
+  size_t pending = 0;                   // variables not yet ready in this backward
+  bool launched = false;                // its collective has been issued this step
+  comm::Work work;                      // the in-flight collective
+  std::function<void()> finish;         // comm hook's step after the Work completes
+  std::chrono::steady_clock::time_point ready_time;   // when the last gradient arrived
+  std::chrono::steady_clock::time_point launch_time;  // when its collective was issued
+};
+
+// What a communication hook hands back: the collective in flight, and what to do
+// once it completed (on the training thread) so that bucket.flat holds the
+// averaged gradient.
+struct CommHookResult {
+  comm::Work work;
+  std::function<void()> finish;  // may be empty
+};
+// Issues the reduction of one bucket. The default averages with allreduce(kAvg).
+using CommHook = std::function<CommHookResult(comm::ProcessGroup& group, Bucket& bucket)>;
+
+struct ReducerOptions {
+  size_t first_bucket_bytes = kDefaultFirstBucketBytes;
+  size_t bucket_bytes_cap = kDefaultBucketBytesCap;
+  bool find_unused_parameters = false;
+  bool static_graph = false;              // the set of used parameters never changes
+  bool gradient_as_bucket_view = false;   // .grad are views into the buckets: no copies
+  bool rebuild_buckets = true;            // re-bucket once from the real ready order
+  bool overlap = true;                    // false: launch nothing until backward ends (for benchmarks)
+};
+
+// Per-step timings (milliseconds), filled by the Reducer and the DDP wrapper.
+struct StepStats {
+  double forward_ms = 0;        // DDP forward (incl. buffer broadcast)
+  double backward_ms = 0;       // prepare_for_backward to the end of finalize
+  double backward_compute_ms = 0;  // prepare_for_backward to the last gradient hook
+  double comm_wait_ms = 0;      // time finalize blocked waiting for collectives
+  size_t buckets = 0;
+  size_t bytes_reduced = 0;
+};
+
+class Reducer {
+ public:
+  // `params` in registration order (the module's parameters()).
+  Reducer(std::vector<Tensor> params, std::vector<std::string> names,
+          std::shared_ptr<comm::ProcessGroup> group, ReducerOptions options);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Called by DDP's forward before backward runs. `outputs` are the forward's
+  // outputs (used by find_unused_parameters). `sync` false (no_sync) means this
+  // backward only accumulates into .grad locally.
+  void prepare_for_backward(const std::vector<Tensor>& outputs, bool sync);
+
+  void register_comm_hook(CommHook hook) { comm_hook_ = std::move(hook); }
+
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  // Parameter indices in bucket order, per bucket (for tests and the tour).
+  std::vector<std::vector<size_t>> bucket_assignment() const;
+  bool buckets_rebuilt() const { return rebuilt_; }
+  const StepStats& last_stats() const { return stats_; }
+  StepStats& mutable_stats() { return stats_; }
+
+  // The bucket launches of the last synced step, for the timeline.
+  struct BucketTiming {
+    size_t bucket = 0;
+    size_t bytes = 0;
+    double ready_ms = 0, launch_ms = 0, done_ms = 0;  // since prepare_for_backward
+  };
+  const std::vector<BucketTiming>& last_bucket_timings() const { return timings_; }
+
+ private:
+  void build_buckets(const std::vector<size_t>& order);
+  void on_gradient_ready(size_t index);
+  void mark_variable_ready(size_t index, bool used);
+  void launch_ready_buckets();
+  void finalize_backward();
+  void maybe_rebuild_buckets();
+  void attach_grad_views();
+  std::string unready_parameter_names() const;
+
+  std::vector<Tensor> params_;                 // the model's parameters, registration order
+  std::vector<std::string> names_;             // their names, for error messages
+  std::shared_ptr<comm::ProcessGroup> group_;  // who we reduce with
+  ReducerOptions options_;
+  CommHook comm_hook_;                         // how one bucket is reduced
+
+  std::vector<Bucket> buckets_;                // current bucket assignment
+  std::vector<VariableLocator> locators_;      // param index -> place in buckets_
+  std::vector<autograd::HookHandle> hooks_;    // post-accumulate hooks, removed in ~Reducer
+
+  // ---- per-backward state ----
+  bool expect_hooks_ = false;            // a synced backward is pending (set by prepare)
+  bool callback_queued_ = false;         // finalize is queued for this backward
+  size_t next_bucket_ = 0;               // the next bucket index allowed to launch
+  std::vector<bool> ready_;              // param i marked ready this backward
+  std::vector<bool> used_;               // param i got a gradient (vs. unused) this backward
+  std::vector<size_t> ready_order_;      // order of readiness in this backward (for rebuilding)
+  std::string pending_error_;            // thrown at the next prepare_for_backward
+  std::chrono::steady_clock::time_point backward_start_;
+  std::chrono::steady_clock::time_point last_hook_time_;
+
+  // ---- across steps ----
+  bool rebuilt_ = false;                 // buckets already rebuilt from the real order
+  bool first_step_done_ = false;         // one synced backward has finished
+  std::vector<bool> static_unused_;      // static_graph: params unused in step 1
+  StepStats stats_;
+  std::vector<BucketTiming> timings_;
+};
+
+// The default hook: in-place allreduce with ReduceOp::kAvg.
+CommHookResult allreduce_average_hook(comm::ProcessGroup& group, Bucket& bucket);
+// Compression hooks: divide by the world size, cast to fp16/bf16, allreduce(sum)
+// the half-size buffer, cast back into the bucket. Halves the bytes on the wire.
+CommHookResult fp16_compress_hook(comm::ProcessGroup& group, Bucket& bucket);
+CommHookResult bf16_compress_hook(comm::ProcessGroup& group, Bucket& bucket);
+
+}  // namespace ringtrain::ddp

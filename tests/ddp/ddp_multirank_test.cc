@@ -1,0 +1,325 @@
+// Multi-rank DDP tests: run under `mpirun -np N` or `ringrun --nproc-per-node N`.
+//
+// The central check (issue 5): N ranks with per-rank batch b end with the same
+// parameters as one process trained on the concatenated N*b batch. Every rank
+// trains its DDP model on its slice AND a plain local reference model on the
+// whole global batch, so the comparison needs no second program. Tolerance:
+// 1e-5 relative (f32; the sums run in another order).
+//
+// Every rank runs every test in the same order, so their collectives match.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+
+#include "autograd/autograd.h"
+#include "autograd/functions.h"
+#include "comm/init.h"
+#include "ddp/distributed_data_parallel.h"
+#include "ddp/distributed_sampler.h"
+#include "ddp/loss_scaler.h"
+#include "nn/layers.h"
+#include "nn/optim.h"
+#include "tensor/ops.h"
+
+namespace ringtrain::ddp {
+namespace {
+
+std::shared_ptr<comm::ProcessGroup> g_world;
+
+constexpr int64_t kPerRankBatch = 4;
+constexpr int64_t kIn = 12, kHidden = 24, kClasses = 5;
+
+// A model with one branch that forward never uses (for find_unused_parameters).
+class TwoBranch : public nn::Cloneable<TwoBranch> {
+ public:
+  explicit TwoBranch(Generator& gen) : Cloneable("TwoBranch") {
+    used_ = register_module("used", nn::make<nn::Linear>(kIn, kHidden, true, gen));
+    unused_ = register_module("unused", nn::make<nn::Linear>(kIn, kHidden, true, gen));
+    head_ = register_module("head", nn::make<nn::Linear>(kHidden, kClasses, true, gen));
+  }
+  Tensor forward(const Tensor& x) override { return child(head_).forward(ag::relu(child(used_).forward(x))); }
+
+ private:
+  nn::ChildSlot<nn::Linear> used_, unused_, head_;
+};
+
+std::shared_ptr<nn::Module> make_mlp(uint64_t seed, bool batch_norm = false) {
+  Generator gen(seed);
+  auto seq = nn::make<nn::Sequential>();
+  seq->push_back(nn::make<nn::Linear>(kIn, kHidden, true, gen));
+  if (batch_norm) seq->push_back(nn::make<nn::BatchNorm1d>(kHidden));
+  seq->push_back(nn::make<nn::ReLU>());
+  seq->push_back(nn::make<nn::Linear>(kHidden, kHidden, true, gen));
+  seq->push_back(nn::make<nn::Tanh>());
+  seq->push_back(nn::make<nn::Linear>(kHidden, kClasses, true, gen));
+  return seq;
+}
+
+struct Batch {
+  Tensor x, y;
+};
+// The global batch of step `step` (identical on every rank), and this rank's slice.
+Batch global_batch(int step) {
+  Generator gen(1000 + step);
+  int64_t n = kPerRankBatch * g_world->size();
+  Tensor x = randn({n, kIn}, gen);
+  Tensor y = mul(rand({n}, gen), static_cast<double>(kClasses)).to(DType::kInt64);
+  return {x, y};
+}
+Batch rank_slice(const Batch& b) {
+  int64_t start = kPerRankBatch * g_world->rank();
+  return {b.x.narrow(0, start, kPerRankBatch).contiguous(), b.y.narrow(0, start, kPerRankBatch).contiguous()};
+}
+
+void expect_same_parameters(nn::Module& a, nn::Module& b, double rtol = 1e-5) {
+  auto pa = a.named_parameters(), pb = b.named_parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    std::vector<float> x = pa[i].second.to_vector<float>(), y = pb[i].second.to_vector<float>();
+    ASSERT_EQ(x.size(), y.size());
+    for (size_t j = 0; j < x.size(); ++j)
+      ASSERT_NEAR(x[j], y[j], rtol * std::max(1.0f, std::abs(y[j])))
+          << pa[i].first << "[" << j << "] on rank " << g_world->rank();
+  }
+}
+
+enum class Opt { kSgd, kAdam };
+std::unique_ptr<nn::Optimizer> make_optimizer(nn::Module& m, Opt opt) {
+  if (opt == Opt::kSgd) return std::make_unique<nn::SGD>(m.parameters(), nn::SGDOptions{.lr = 0.1, .momentum = 0.9});
+  return std::make_unique<nn::Adam>(m.parameters(), nn::AdamOptions{.lr = 0.01});
+}
+
+// Trains DDP on slices and a reference on the whole batch; compares after every step.
+void train_and_compare(std::shared_ptr<nn::Module> model, std::shared_ptr<nn::Module> reference,
+                       DdpOptions options, Opt opt, int steps = 4, int micro_batches = 1) {
+  DistributedDataParallel ddp(model, g_world, options);
+  auto opt_ddp = make_optimizer(*model, opt);
+  auto opt_ref = make_optimizer(*reference, opt);
+  for (int step = 0; step < steps; ++step) {
+    opt_ddp->zero_grad();
+    opt_ref->zero_grad();
+    for (int micro = 0; micro < micro_batches; ++micro) {
+      Batch global = global_batch(step * 10 + micro);
+      Batch local = rank_slice(global);
+      if (micro + 1 < micro_batches) {
+        auto guard = ddp.no_sync();  // accumulate locally, reduce on the last micro-batch
+        autograd::backward(ag::cross_entropy(ddp(local.x), local.y));
+      } else {
+        autograd::backward(ag::cross_entropy(ddp(local.x), local.y));
+      }
+      autograd::backward(ag::cross_entropy(reference->forward(global.x), global.y));
+    }
+    opt_ddp->step();
+    opt_ref->step();
+    expect_same_parameters(*model, *reference);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+struct Case {
+  const char* name;
+  size_t bucket_cap;
+  size_t first_bucket;
+  bool grad_as_view;
+};
+
+TEST(DdpMultiRank, MatchesSingleProcessOnTheConcatenatedBatchForEveryBucketSize) {
+  const Case cases[] = {
+      {"one parameter per bucket", 1, 1, false},
+      {"default caps", kDefaultBucketBytesCap, kDefaultFirstBucketBytes, false},
+      {"everything in one bucket", size_t{1} << 40, size_t{1} << 40, false},
+      {"small buckets, gradient_as_bucket_view", 2048, 1024, true},
+  };
+  for (const Case& c : cases) {
+    for (Opt opt : {Opt::kSgd, Opt::kAdam}) {
+      SCOPED_TRACE(std::string(c.name) + (opt == Opt::kSgd ? ", SGD" : ", Adam"));
+      DdpOptions options;
+      options.bucket_cap_bytes = c.bucket_cap;
+      options.first_bucket_bytes = c.first_bucket;
+      options.gradient_as_bucket_view = c.grad_as_view;
+      // Rank-dependent init: DDP's broadcast from rank 0 must make them equal.
+      auto model = make_mlp(7 + g_world->rank());
+      auto reference = make_mlp(7);
+      train_and_compare(model, reference, options, opt);
+    }
+  }
+}
+
+TEST(DdpMultiRank, OneParameterPerBucketReallyMakesOneBucketPerParameter) {
+  auto model = make_mlp(3);
+  DistributedDataParallel ddp(model, g_world, DdpOptions{.bucket_cap_bytes = 1, .first_bucket_bytes = 1});
+  EXPECT_EQ(ddp.reducer().buckets().size(), model->parameters().size());
+  auto all = make_mlp(3);
+  DistributedDataParallel one(all, g_world, DdpOptions{.bucket_cap_bytes = size_t{1} << 40, .first_bucket_bytes = size_t{1} << 40});
+  EXPECT_EQ(one.reducer().buckets().size(), 1u);
+}
+
+TEST(DdpMultiRank, BucketsAreRebuiltFromTheRealGradientOrderAfterStepOne) {
+  auto model = make_mlp(5);
+  DistributedDataParallel ddp(model, g_world, DdpOptions{.bucket_cap_bytes = 1, .first_bucket_bytes = 1});
+  EXPECT_FALSE(ddp.reducer().buckets_rebuilt());
+  Batch b = rank_slice(global_batch(0));
+  autograd::backward(ag::cross_entropy(ddp(b.x), b.y));
+  EXPECT_TRUE(ddp.reducer().buckets_rebuilt());
+  // Backward makes the last layer's gradients first: bucket 0 holds the output layer.
+  auto assignment = ddp.reducer().bucket_assignment();
+  size_t n = model->parameters().size();
+  EXPECT_TRUE(assignment.front().front() == n - 1 || assignment.front().front() == n - 2);
+}
+
+TEST(DdpMultiRank, FindUnusedParametersHandlesABranchForwardNeverUses) {
+  for (Opt opt : {Opt::kSgd, Opt::kAdam}) {
+    Generator g1(11 + g_world->rank()), g2(11);
+    auto model = std::make_shared<TwoBranch>(g1);
+    auto reference = std::make_shared<TwoBranch>(g2);
+    DdpOptions options;
+    options.find_unused_parameters = true;
+    options.bucket_cap_bytes = 4096;
+    options.first_bucket_bytes = 1024;
+    train_and_compare(model, reference, options, opt);
+    // No rank used the branch: like single-process training, it has no gradient.
+    EXPECT_FALSE(autograd::grad(model->param("unused.weight")).defined());
+  }
+}
+
+TEST(DdpMultiRank, StaticGraphLearnsTheUnusedSetInStepOne) {
+  Generator g1(13 + g_world->rank()), g2(13);
+  auto model = std::make_shared<TwoBranch>(g1);
+  auto reference = std::make_shared<TwoBranch>(g2);
+  train_and_compare(model, reference, DdpOptions{.static_graph = true}, Opt::kSgd);
+}
+
+TEST(DdpMultiRank, UnusedParameterWithoutTheFlagFailsAtTheNextIterationNamingIt) {
+  Generator gen(17);
+  auto model = std::make_shared<TwoBranch>(gen);
+  DistributedDataParallel ddp(model, g_world, DdpOptions{.bucket_cap_bytes = 1, .first_bucket_bytes = 1});
+  Batch b = rank_slice(global_batch(0));
+  autograd::backward(ag::cross_entropy(ddp(b.x), b.y));  // completes; the error is recorded
+  try {
+    ddp(b.x);
+    FAIL() << "expected an error at the next forward";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("unused.weight"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("find_unused_parameters"), std::string::npos) << msg;
+  }
+}
+
+TEST(DdpMultiRank, NoSyncAccumulatesLocallyAndReducesTheSum) {
+  auto model = make_mlp(19 + g_world->rank());
+  auto reference = make_mlp(19);
+  train_and_compare(model, reference, DdpOptions{.bucket_cap_bytes = 2048, .first_bucket_bytes = 512},
+                    Opt::kSgd, /*steps=*/3, /*micro_batches=*/3);
+}
+
+TEST(DdpMultiRank, BatchNormBuffersFollowRankZero) {
+  auto model = make_mlp(23 + g_world->rank(), /*batch_norm=*/true);
+  DistributedDataParallel ddp(model, g_world);
+  nn::SGD sgd(model->parameters(), nn::SGDOptions{.lr = 0.05});
+  for (int step = 0; step < 3; ++step) {
+    sgd.zero_grad();
+    Batch b = rank_slice(global_batch(step));
+    autograd::backward(ag::cross_entropy(ddp(b.x), b.y));
+    sgd.step();
+  }
+  // Buffers are broadcast at the start of forward; in eval mode the forward itself
+  // leaves them alone, so afterwards every rank holds exactly rank 0's.
+  model->eval();
+  {
+    autograd::NoGradGuard no_grad;
+    ddp(rank_slice(global_batch(99)).x);
+  }
+  // Every rank now holds rank 0's buffers and (by DDP) the same parameters.
+  for (auto& [name, t] : model->named_buffers()) {
+    Tensor mine = t.to(DType::kFloat64).contiguous();
+    Tensor root = mine.clone();
+    g_world->broadcast({root.data_ptr(), static_cast<size_t>(root.numel()), DType::kFloat64, Device::cpu()}, 0).wait();
+    EXPECT_EQ(mine.to_vector<double>(), root.to_vector<double>()) << name;
+  }
+  for (auto& [name, p] : model->named_parameters()) {
+    Tensor mine = p.contiguous();
+    Tensor root = mine.clone();
+    g_world->broadcast({root.data_ptr(), static_cast<size_t>(root.numel()), DType::kFloat32, Device::cpu()}, 0).wait();
+    EXPECT_EQ(mine.to_vector<float>(), root.to_vector<float>()) << name;
+  }
+}
+
+TEST(DdpMultiRank, CompressionHooksStayCloseToTheExactAverage) {
+  for (CommHook hook : {CommHook(fp16_compress_hook), CommHook(bf16_compress_hook)}) {
+    auto model = make_mlp(29);
+    auto exact = make_mlp(29);
+    DistributedDataParallel ddp(model, g_world);
+    DistributedDataParallel ddp_exact(exact, g_world);
+    ddp.register_comm_hook(hook);
+    Batch b = rank_slice(global_batch(0));
+    autograd::backward(ag::cross_entropy(ddp(b.x), b.y));
+    autograd::backward(ag::cross_entropy(ddp_exact(b.x), b.y));
+    auto pa = model->parameters(), pb = exact->parameters();
+    for (size_t i = 0; i < pa.size(); ++i) {
+      Tensor ga = autograd::grad(pa[i]), gb = autograd::grad(pb[i]);
+      double scale = std::max(1e-3, amax(abs(gb)).item());
+      EXPECT_LT(max_abs_diff(ga, gb) / scale, 1e-2) << "parameter " << i;
+    }
+  }
+}
+
+TEST(DdpMultiRank, MismatchedModelsAreNamedAtConstruction) {
+  Generator gen(31);
+  auto seq = nn::make<nn::Sequential>();
+  seq->push_back(nn::make<nn::Linear>(kIn, g_world->rank() == 1 ? kHidden + 1 : kHidden, true, gen));
+  try {
+    DistributedDataParallel ddp(seq, g_world);
+    FAIL() << "expected a model mismatch error";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("0.weight"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank 1"), std::string::npos) << msg;
+  }
+}
+
+TEST(DdpMultiRank, LossScalerSkipsTheSameStepsOnEveryRank) {
+  LossScalerOptions options;
+  options.init_scale = 1024;
+  options.growth_interval = 2;
+  LossScaler scaler(options, g_world);
+  std::vector<double> scales;
+  for (int step = 0; step < 5; ++step) {
+    Tensor grad = full({3}, 1.0);
+    // Only the last rank overflows, and only on steps 1 and 3.
+    if (g_world->rank() == g_world->size() - 1 && step % 2 == 1)
+      fill_(grad, std::numeric_limits<double>::infinity());
+    bool stepped = scaler.step({grad}, [] {});
+    EXPECT_EQ(stepped, step % 2 == 0) << "step " << step << " rank " << g_world->rank();
+    scaler.update();
+    scales.push_back(scaler.get_scale());
+  }
+  EXPECT_EQ(scales, (std::vector<double>{1024, 512, 512, 256, 256}));
+}
+
+TEST(DdpMultiRank, DistributedSamplerShardsCoverTheDataSet) {
+  DistributedSampler sampler(10, g_world->rank(), g_world->size(), {.shuffle = true, .seed = 3});
+  sampler.set_epoch(2);
+  std::vector<int64_t> mine = sampler.indices();
+  int64_t n = static_cast<int64_t>(mine.size());
+  std::vector<int64_t> all(n * g_world->size());
+  g_world->allgather({mine.data(), mine.size(), DType::kInt64, Device::cpu()}, {all.data(), all.size(), DType::kInt64, Device::cpu()}).wait();
+  std::vector<int> seen(10, 0);
+  for (int64_t i : all) seen.at(i)++;
+  for (int c : seen) EXPECT_GE(c, 1);  // padding repeats some, none is missing
+}
+
+}  // namespace
+}  // namespace ringtrain::ddp
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  const char* backend = std::getenv("RINGTRAIN_TEST_BACKEND");
+  ringtrain::comm::InitOptions options;
+  options.backend = backend ? backend : "ring";
+  ringtrain::ddp::g_world = ringtrain::comm::init_process_group(options);
+  int rc = RUN_ALL_TESTS();
+  ringtrain::ddp::g_world.reset();
+  return rc;
+}

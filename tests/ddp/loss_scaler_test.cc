@@ -1,0 +1,134 @@
+// LossScaler against the GradScaler rule, written out step by step.
+#include "ddp/loss_scaler.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "tensor/ops.h"
+
+namespace ringtrain::ddp {
+namespace {
+
+// The GradScaler rule as a plain function: the scale after each of `steps` steps,
+// given which steps overflow.
+std::vector<double> reference_scales(double init, double growth, double backoff, int64_t interval,
+                                     const std::vector<bool>& overflow) {
+  std::vector<double> scales;
+  double scale = init;
+  int64_t tracker = 0;
+  for (bool inf : overflow) {
+    if (inf) {
+      scale *= backoff;
+      tracker = 0;
+    } else if (++tracker == interval) {
+      scale *= growth;
+      tracker = 0;
+    }
+    scales.push_back(scale);
+  }
+  return scales;
+}
+
+TEST(LossScalerTest, DefaultsMatchGradScaler) {
+  LossScaler scaler;
+  EXPECT_EQ(scaler.get_scale(), 65536.0);
+  LossScalerOptions o;
+  EXPECT_EQ(o.growth_factor, 2.0);
+  EXPECT_EQ(o.backoff_factor, 0.5);
+  EXPECT_EQ(o.growth_interval, 2000);
+}
+
+TEST(LossScalerTest, ScaleSequenceUnderInjectedOverflowsFollowsTheRule) {
+  LossScalerOptions options;
+  options.init_scale = 1024;
+  options.growth_interval = 3;
+  LossScaler scaler(options);
+  std::vector<bool> overflow = {false, false, false, true, false, true, true, false, false, false,
+                                false, false, false, true, false};
+  std::vector<double> expected = reference_scales(1024, 2.0, 0.5, 3, overflow);
+  Tensor param = ones({4});
+  for (size_t step = 0; step < overflow.size(); ++step) {
+    // The gradient a backward of the scaled loss would produce: S * 0.5, or inf.
+    Tensor grad = full({4}, 0.5 * scaler.get_scale());
+    if (overflow[step]) {
+      Tensor bad = grad.narrow(0, 2, 1);
+      fill_(bad, std::numeric_limits<double>::infinity());
+    }
+    bool ran = false;
+    bool stepped = scaler.step({grad}, [&] {
+      ran = true;
+      add_(param, grad, -1.0);
+    });
+    EXPECT_EQ(stepped, !overflow[step]) << "step " << step;
+    EXPECT_EQ(ran, !overflow[step]) << "step " << step;
+    EXPECT_EQ(scaler.step_skipped(), overflow[step]);
+    if (!overflow[step]) EXPECT_EQ(grad.to_vector<float>(), std::vector<float>(4, 0.5f));  // unscaled
+    scaler.update();
+    EXPECT_EQ(scaler.get_scale(), expected[step]) << "step " << step;
+  }
+  // 11 clean steps of -0.5 each.
+  EXPECT_EQ(param.to_vector<float>(), std::vector<float>(4, 1.0f - 0.5f * 11));
+}
+
+TEST(LossScalerTest, NaNCountsAsOverflowAndUnscaleBeforeClipping) {
+  LossScaler scaler;
+  Tensor grad = full({3}, 65536.0 * 3);
+  EXPECT_FALSE(scaler.unscale_({grad, Tensor()}));  // undefined grads are skipped
+  EXPECT_EQ(grad.to_vector<float>(), std::vector<float>(3, 3.0f));
+  EXPECT_THROW(scaler.unscale_({grad}), Error);  // twice in one step
+  EXPECT_TRUE(scaler.step({grad}, [] {}));       // uses the earlier unscale, no second division
+  EXPECT_EQ(grad.to_vector<float>(), std::vector<float>(3, 3.0f));
+  scaler.update();
+
+  Tensor nan_grad = full({2}, std::nan(""));
+  EXPECT_FALSE(scaler.step({nan_grad}, [] { FAIL() << "optimizer must not run on NaN"; }));
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 32768.0);
+}
+
+TEST(LossScalerTest, HalfPrecisionGradientsOverflowLikeOnTheGpu) {
+  // 70000 is beyond float16's max (65504): the scaled gradient is inf in fp16.
+  LossScaler scaler;
+  Tensor grad = full({2}, 70000.0).to(DType::kFloat16);
+  EXPECT_TRUE(scaler.unscale_({grad}));
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 32768.0);
+  Tensor scaled = scaler.scale(full({}, 1.5, DType::kFloat16));
+  EXPECT_EQ(scaled.dtype(), DType::kFloat16);
+  EXPECT_EQ(scaled.item(), 49152.0);  // 1.5 * 32768, exact in fp16
+}
+
+TEST(LossScalerTest, DisabledIsTheIdentity) {
+  LossScalerOptions options;
+  options.enabled = false;
+  LossScaler scaler(options);
+  Tensor loss = full({}, 3.0);
+  EXPECT_TRUE(scaler.scale(loss).is_same(loss));
+  Tensor grad = full({1}, std::numeric_limits<double>::infinity());
+  EXPECT_TRUE(scaler.step({grad}, [] {}));
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 65536.0);
+}
+
+TEST(LossScalerTest, StateDictRoundTripsAndRejectsGarbage) {
+  LossScalerOptions options;
+  options.growth_interval = 2;
+  LossScaler a(options);
+  for (int i = 0; i < 3; ++i) {
+    Tensor g = ones({1});
+    a.step({g}, [] {});
+    a.update();
+  }
+  LossScaler b;
+  b.load_state_dict(a.state_dict());
+  EXPECT_EQ(b.get_scale(), a.get_scale());
+  EXPECT_EQ(b.growth_tracker(), a.growth_tracker());
+  EXPECT_EQ(b.state_dict(), a.state_dict());
+  EXPECT_THROW(b.load_state_dict(nlohmann::json{{"scale", 2.0}}), Error);
+  EXPECT_THROW(LossScaler(LossScalerOptions{.init_scale = 1, .growth_factor = 0.5}), Error);
+}
+
+}  // namespace
+}  // namespace ringtrain::ddp
