@@ -1,0 +1,204 @@
+#include "comm/init.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <exception>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "comm/backends.h"
+#include "comm/mpi_runtime.h"
+#include "comm/socket.h"
+
+namespace ringtrain::comm {
+
+using nlohmann::json;
+
+namespace {
+
+LaunchInfo g_launch;
+
+// ---- publishing uncaught exceptions: the std::terminate handler
+std::weak_ptr<Store> g_store;
+int g_world_rank = -1;
+std::terminate_handler g_previous_terminate = nullptr;
+
+void publish_then_terminate() {
+  if (std::exception_ptr error = std::current_exception()) {
+    std::string what = "an exception not derived from std::exception";
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    if (auto store = g_store.lock()) {
+      publish_rank_error(*store, g_world_rank, "exception",
+                         detail::concat("uncaught exception on rank ", g_world_rank, ": ", what));
+    }
+  }
+  if (g_previous_terminate) g_previous_terminate();
+  std::abort();
+}
+
+void apply_environment(ProcessGroupOptions& options, const EnvMap& env) {
+  if (auto it = env.find("RINGTRAIN_TIMEOUT_SEC"); it != env.end() && !it->second.empty()) {
+    int seconds = env_int(env, "RINGTRAIN_TIMEOUT_SEC", 1, 1 << 30,
+                          "give the per-collective timeout in seconds");
+    options.timeout = std::chrono::seconds(seconds);
+  }
+  if (auto it = env.find("RINGTRAIN_DEBUG_COLLECTIVES"); it != env.end()) {
+    if (it->second == "1" || it->second == "true") options.debug_collectives = true;
+    else if (it->second == "0" || it->second == "false" || it->second.empty()) options.debug_collectives = false;
+    else throw CommError("RINGTRAIN_DEBUG_COLLECTIVES='" + it->second + "' must be 0 or 1");
+  }
+  if (auto it = env.find("RINGTRAIN_TRANSPORT"); it != env.end() && !it->second.empty()) {
+    options.transport = it->second;
+  }
+}
+
+// file://path: rank 0 writes its store address into the file (atomically, via a
+// rename); the others read it. A stale file from an earlier run is harmless: its
+// address refuses or rejects us, and we read the file again.
+std::shared_ptr<Store> file_rendezvous(LaunchInfo& info, std::shared_ptr<StoreServer>* server,
+                                       std::chrono::milliseconds timeout) {
+  Deadline deadline = Clock::now() + timeout;
+  if (info.rank == 0) {
+    if (info.token.empty()) info.token = random_job_token();
+    std::remove(info.file_path.c_str());
+    *server = std::make_shared<StoreServer>("", 0, info.token, "");
+    json record{{"addr", local_hostname()}, {"port", (*server)->port()}, {"token", info.token},
+                {"world_size", info.world_size}};
+    std::string tmp = info.file_path + ".tmp." + std::to_string(getpid());
+    {
+      std::ofstream out(tmp);
+      out << record.dump();
+      if (!out) throw CommError("file:// init: cannot write " + tmp + " (is the directory writable?)");
+    }
+    SYS_CHECK(std::rename(tmp.c_str(), info.file_path.c_str()));
+    return std::make_shared<Store>("127.0.0.1", (*server)->port(), info.token, timeout);
+  }
+  std::string last_error = "the file does not exist yet";
+  while (Clock::now() < deadline) {
+    std::ifstream in(info.file_path);
+    if (in) {
+      try {
+        json record = json::parse(in);
+        info.token = record.at("token").get<std::string>();
+        return std::make_shared<Store>(record.at("addr").get<std::string>(),
+                                       record.at("port").get<int>(), info.token,
+                                       std::chrono::seconds(2));
+      } catch (const std::exception& e) {
+        last_error = e.what();
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  throw CommTimeoutError(detail::concat("file:// init: rank ", info.rank, " found no usable store ",
+                                        "address in ", info.file_path, " (", last_error,
+                                        "); is rank 0 running, and is the path on a shared file system?"));
+}
+
+// mpi://: rank 0 starts the store and MPI_Bcast's its address and a fresh token.
+std::shared_ptr<Store> mpi_rendezvous(LaunchInfo& info, std::shared_ptr<StoreServer>* server,
+                                      std::chrono::milliseconds timeout) {
+  ensure_mpi_initialized();
+  int mpi_rank = 0;
+  int mpi_size = 0;
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank));
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &mpi_size));
+  if (info.world_size > 0 && mpi_size != info.world_size) {
+    throw CommError(detail::concat("mpi:// init: MPI reports ", mpi_size, " processes but the "
+                                   "launcher's environment says ", info.world_size,
+                                   "; start the program with mpirun -np N"));
+  }
+  info.rank = mpi_rank;
+  info.world_size = mpi_size;
+  std::string blob;
+  if (mpi_rank == 0) {
+    if (info.token.empty()) info.token = random_job_token();
+    int port = 0;
+    if (const char* text = std::getenv("MASTER_PORT")) port = std::atoi(text);
+    *server = std::make_shared<StoreServer>("", port, info.token, "MASTER_PORT");
+    std::string addr = info.master_addr.empty() ? local_hostname() : info.master_addr;
+    blob = json{{"addr", addr}, {"port", (*server)->port()}, {"token", info.token}}.dump();
+  }
+  int length = static_cast<int>(blob.size());
+  MPI_CHECK(MPI_Bcast(&length, 1, MPI_INT, 0, MPI_COMM_WORLD));
+  blob.resize(length);
+  MPI_CHECK(MPI_Bcast(blob.data(), length, MPI_CHAR, 0, MPI_COMM_WORLD));
+  json record = json::parse(blob);
+  info.token = record["token"].get<std::string>();
+  info.master_addr = record["addr"].get<std::string>();
+  info.master_port = record["port"].get<int>();
+  return std::make_shared<Store>(mpi_rank == 0 ? "127.0.0.1" : info.master_addr, info.master_port,
+                                 info.token, timeout);
+}
+
+}  // namespace
+
+std::string random_job_token() {
+  std::random_device device;
+  char text[33];
+  for (int i = 0; i < 4; ++i) std::snprintf(text + 8 * i, 9, "%08x", device());
+  return text;
+}
+
+const LaunchInfo& launch_info() { return g_launch; }
+
+std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
+  const EnvMap env = current_environment();
+  LaunchInfo info = resolve_launch(options.init_method, env, options.rank, options.world_size);
+  ProcessGroupOptions group_options = options.group;
+  apply_environment(group_options, env);
+  RT_CHECK(options.backend == "ring" || options.backend == "mpi" || options.backend == "nccl",
+           "init_process_group: unknown backend '", options.backend, "' (ring, mpi or nccl)");
+
+  // ---- the store: on world rank 0, every rank connected to it
+  std::shared_ptr<StoreServer> server;
+  std::shared_ptr<Store> store;
+  const auto timeout = options.rendezvous_timeout;
+  if (info.method == "mpi") {
+    store = mpi_rendezvous(info, &server, timeout);
+  } else if (info.method == "file") {
+    store = file_rendezvous(info, &server, timeout);
+  } else if (info.method == "single") {
+    info.token = random_job_token();
+    server = std::make_shared<StoreServer>("127.0.0.1", 0, info.token, "");
+    store = std::make_shared<Store>("127.0.0.1", server->port(), info.token, timeout);
+  } else {
+    if (info.rank == 0) {
+      const char* hint = info.method == "tcp" ? "the port of the tcp:// init method" : "MASTER_PORT";
+      server = std::make_shared<StoreServer>("", info.master_port, info.token, hint);
+    }
+    store = std::make_shared<Store>(info.master_addr, info.master_port, info.token, timeout);
+  }
+  g_launch = info;
+
+  GroupContext context;
+  context.rank = info.rank;
+  context.size = info.world_size;
+  for (int r = 0; r < info.world_size; ++r) context.world_ranks.push_back(r);
+  context.store = store;
+  context.server = server;
+  context.prefix = "rt/world";
+  context.token = info.token;
+  context.is_world = true;
+  context.options = group_options;
+
+  std::shared_ptr<ProcessGroup> group;
+  if (options.backend == "ring") group = make_ring_process_group(context);
+  else if (options.backend == "mpi") group = make_mpi_process_group(context);
+  else group = make_nccl_process_group(context);
+
+  g_store = store;
+  g_world_rank = info.rank;
+  static std::once_flag handler_once;
+  std::call_once(handler_once, [] { g_previous_terminate = std::set_terminate(publish_then_terminate); });
+  return group;
+}
+
+}  // namespace ringtrain::comm

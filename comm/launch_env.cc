@@ -1,0 +1,318 @@
+#include "comm/launch_env.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <regex>
+
+#include "comm/types.h"
+
+extern char** environ;
+
+namespace ringtrain::comm {
+
+EnvMap current_environment() {
+  EnvMap env;
+  for (char** entry = environ; entry && *entry; ++entry) {
+    std::string text = *entry;
+    size_t eq = text.find('=');
+    if (eq != std::string::npos) env[text.substr(0, eq)] = text.substr(eq + 1);
+  }
+  return env;
+}
+
+namespace {
+
+bool has(const EnvMap& env, const std::string& name) {
+  auto it = env.find(name);
+  return it != env.end() && !it->second.empty();
+}
+
+std::string get(const EnvMap& env, const std::string& name) {
+  auto it = env.find(name);
+  return it == env.end() ? std::string() : it->second;
+}
+
+// Parses a whole string as a base-10 integer.
+bool to_int(const std::string& text, long long* value) {
+  if (text.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  *value = std::strtoll(text.c_str(), &end, 10);
+  return errno == 0 && end && *end == '\0';
+}
+
+std::string require(const EnvMap& env, const std::string& name, const std::string& hint) {
+  if (!has(env, name)) {
+    throw CommError(detail::concat("environment variable ", name, " is not set; ", hint));
+  }
+  return get(env, name);
+}
+
+void check_rank(int rank, int size, const std::string& rank_var, const std::string& size_var) {
+  if (rank >= size) {
+    throw CommError(detail::concat(rank_var, "=", rank, " is not below ", size_var, "=", size,
+                                   "; ranks count from 0 to ", size_var, "-1"));
+  }
+}
+
+}  // namespace
+
+int env_int(const EnvMap& env, const std::string& name, int min, int max, const std::string& hint) {
+  std::string text = require(env, name, hint);
+  long long value = 0;
+  if (!to_int(text, &value) || value < min || value > max) {
+    throw CommError(detail::concat("environment variable ", name, "='", text,
+                                   "' is not an integer in [", min, ", ", max, "]; ", hint));
+  }
+  return static_cast<int>(value);
+}
+
+std::vector<std::string> expand_nodelist(const std::string& nodelist) {
+  std::vector<std::string> hosts;
+  auto fail = [&](const std::string& why) {
+    throw CommError(detail::concat("cannot parse node list '", nodelist, "': ", why,
+                                   " (expected SLURM syntax like node[1-3,7],login01)"));
+  };
+  size_t i = 0;
+  while (i < nodelist.size()) {
+    // one item: a prefix, optionally one bracket group, optionally a suffix, up to a top-level comma
+    size_t start = i;
+    int depth = 0;
+    while (i < nodelist.size() && (depth > 0 || nodelist[i] != ',')) {
+      if (nodelist[i] == '[') ++depth;
+      if (nodelist[i] == ']') --depth;
+      if (depth < 0 || depth > 1) fail("unbalanced brackets");
+      ++i;
+    }
+    if (depth != 0) fail("unbalanced brackets");
+    std::string item = nodelist.substr(start, i - start);
+    ++i;  // skip the comma
+    if (item.empty()) fail("empty host name");
+    size_t open = item.find('[');
+    if (open == std::string::npos) {
+      hosts.push_back(item);
+      continue;
+    }
+    size_t close = item.find(']', open);
+    std::string prefix = item.substr(0, open);
+    std::string suffix = item.substr(close + 1);
+    if (suffix.find('[') != std::string::npos) fail("more than one bracket group in one name");
+    std::string ranges = item.substr(open + 1, close - open - 1);
+    if (ranges.empty()) fail("empty brackets");
+    size_t pos = 0;
+    while (pos <= ranges.size()) {
+      size_t comma = ranges.find(',', pos);
+      if (comma == std::string::npos) comma = ranges.size();
+      std::string range = ranges.substr(pos, comma - pos);
+      pos = comma + 1;
+      static const std::regex kRange(R"((\d+)(?:-(\d+))?)");
+      std::smatch match;
+      if (!std::regex_match(range, match, kRange)) fail("bad range '" + range + "'");
+      const std::string& low_text = match[1].str();
+      long long low = std::stoll(low_text);
+      long long high = match[2].matched ? std::stoll(match[2].str()) : low;
+      if (high < low) fail("range '" + range + "' goes backwards");
+      if (high - low > 100000) fail("range '" + range + "' is too large");
+      size_t width = low_text.size();  // "08" keeps its zero
+      for (long long n = low; n <= high; ++n) {
+        std::string number = std::to_string(n);
+        if (number.size() < width) number = std::string(width - number.size(), '0') + number;
+        hosts.push_back(prefix + number + suffix);
+      }
+      if (comma == ranges.size()) break;
+    }
+  }
+  if (hosts.empty()) fail("no hosts");
+  return hosts;
+}
+
+std::vector<int> expand_tasks_per_node(const std::string& text) {
+  std::vector<int> counts;
+  static const std::regex kItem(R"((\d+)(?:\(x(\d+)\))?)");
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t comma = text.find(',', pos);
+    if (comma == std::string::npos) comma = text.size();
+    std::string item = text.substr(pos, comma - pos);
+    std::smatch match;
+    if (!std::regex_match(item, match, kItem)) {
+      throw CommError("cannot parse SLURM_TASKS_PER_NODE='" + text + "' (expected e.g. 2(x3),1)");
+    }
+    int count = std::stoi(match[1].str());
+    int repeat = match[2].matched ? std::stoi(match[2].str()) : 1;
+    counts.insert(counts.end(), repeat, count);
+    pos = comma + 1;
+    if (comma == text.size()) break;
+  }
+  return counts;
+}
+
+LaunchInfo parse_env_method(const EnvMap& env) {
+  const std::string hint =
+      "env:// expects the variables ringrun and torchrun set (MASTER_ADDR, MASTER_PORT, "
+      "WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE); start the program with ringrun, or set them";
+  LaunchInfo info;
+  info.method = "env";
+  info.master_addr = require(env, "MASTER_ADDR", hint);
+  info.master_port = env_int(env, "MASTER_PORT", 1, 65535, hint);
+  info.world_size = env_int(env, "WORLD_SIZE", 1, 1 << 20, hint);
+  info.rank = env_int(env, "RANK", 0, 1 << 20, hint);
+  check_rank(info.rank, info.world_size, "RANK", "WORLD_SIZE");
+  info.local_world_size =
+      has(env, "LOCAL_WORLD_SIZE") ? env_int(env, "LOCAL_WORLD_SIZE", 1, 1 << 20, hint) : info.world_size;
+  info.local_rank = has(env, "LOCAL_RANK") ? env_int(env, "LOCAL_RANK", 0, 1 << 20, hint) : info.rank;
+  check_rank(info.local_rank, info.local_world_size, "LOCAL_RANK", "LOCAL_WORLD_SIZE");
+  info.node_rank = has(env, "GROUP_RANK")  ? env_int(env, "GROUP_RANK", 0, 1 << 20, hint)
+                   : has(env, "NODE_RANK") ? env_int(env, "NODE_RANK", 0, 1 << 20, hint)
+                                           : info.rank / info.local_world_size;
+  info.token = has(env, "RINGTRAIN_JOB_TOKEN")
+                   ? get(env, "RINGTRAIN_JOB_TOKEN")
+                   : detail::concat("env:", info.master_addr, ":", info.master_port, ":",
+                                    info.world_size, ":", get(env, "TORCHELASTIC_RUN_ID"));
+  return info;
+}
+
+LaunchInfo parse_slurm_method(const EnvMap& env) {
+  const std::string hint =
+      "slurm:// expects the variables srun sets for each task (SLURM_PROCID, SLURM_NTASKS, "
+      "SLURM_LOCALID, SLURM_NODEID, SLURM_JOB_NODELIST, SLURM_JOB_ID); launch with srun";
+  LaunchInfo info;
+  info.method = "slurm";
+  info.rank = env_int(env, "SLURM_PROCID", 0, 1 << 20, hint);
+  info.world_size = env_int(env, has(env, "SLURM_NTASKS") ? "SLURM_NTASKS" : "SLURM_NPROCS", 1,
+                            1 << 20, hint);
+  check_rank(info.rank, info.world_size, "SLURM_PROCID", "SLURM_NTASKS");
+  info.local_rank = env_int(env, "SLURM_LOCALID", 0, 1 << 20, hint);
+  info.node_rank = env_int(env, "SLURM_NODEID", 0, 1 << 20, hint);
+  if (has(env, "SLURM_NTASKS_PER_NODE") && get(env, "SLURM_NTASKS_PER_NODE").find_first_not_of("0123456789") == std::string::npos) {
+    info.local_world_size = env_int(env, "SLURM_NTASKS_PER_NODE", 1, 1 << 20, hint);
+  } else if (has(env, "SLURM_TASKS_PER_NODE")) {
+    std::vector<int> counts = expand_tasks_per_node(get(env, "SLURM_TASKS_PER_NODE"));
+    info.local_world_size = info.node_rank < static_cast<int>(counts.size()) ? counts[info.node_rank]
+                                                                             : counts.back();
+  } else {
+    info.local_world_size = info.world_size;
+  }
+  const std::string nodelist_var = has(env, "SLURM_JOB_NODELIST") ? "SLURM_JOB_NODELIST" : "SLURM_NODELIST";
+  if (has(env, "MASTER_ADDR")) {
+    info.master_addr = get(env, "MASTER_ADDR");
+  } else {
+    info.master_addr = expand_nodelist(require(env, nodelist_var, hint)).front();
+  }
+  std::string job = has(env, "SLURM_JOB_ID") ? get(env, "SLURM_JOB_ID") : get(env, "SLURM_JOBID");
+  if (has(env, "MASTER_PORT")) {
+    info.master_port = env_int(env, "MASTER_PORT", 1, 65535, "set MASTER_PORT to a free TCP port");
+  } else {
+    long long job_id = 0;
+    if (!to_int(job, &job_id) || job_id < 0) {
+      throw CommError(detail::concat("SLURM_JOB_ID='", job, "' is not a job number, so no port can ",
+                                     "be derived from it; set MASTER_PORT to a free TCP port"));
+    }
+    // Lightning's convention: 15000 + the last four digits of the job id.
+    info.master_port = 15000 + static_cast<int>(job_id % 10000);
+  }
+  info.token = has(env, "RINGTRAIN_JOB_TOKEN")
+                   ? get(env, "RINGTRAIN_JOB_TOKEN")
+                   : detail::concat("slurm:", job, ".", get(env, "SLURM_STEP_ID"), ":", info.world_size);
+  return info;
+}
+
+LaunchInfo parse_mpi_method(const EnvMap& env) {
+  LaunchInfo info;
+  info.method = "mpi";
+  const std::string hint = "mpi:// expects to be started by mpirun (or srun --mpi=pmix)";
+  if (has(env, "OMPI_COMM_WORLD_SIZE")) {
+    info.world_size = env_int(env, "OMPI_COMM_WORLD_SIZE", 1, 1 << 20, hint);
+    info.rank = env_int(env, "OMPI_COMM_WORLD_RANK", 0, 1 << 20, hint);
+    info.local_rank = has(env, "OMPI_COMM_WORLD_LOCAL_RANK") ? env_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0, 1 << 20, hint) : 0;
+    info.local_world_size = has(env, "OMPI_COMM_WORLD_LOCAL_SIZE") ? env_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1, 1 << 20, hint) : 1;
+    info.node_rank = info.rank / std::max(1, info.local_world_size);
+  } else if (has(env, "PMI_SIZE")) {
+    info.world_size = env_int(env, "PMI_SIZE", 1, 1 << 20, hint);
+    info.rank = env_int(env, "PMI_RANK", 0, 1 << 20, hint);
+  } else if (has(env, "PMIX_RANK")) {
+    // PMIx gives the rank; MPI itself will tell the size at run time.
+    info.rank = env_int(env, "PMIX_RANK", 0, 1 << 20, hint);
+    info.world_size = -1;
+  } else {
+    throw CommError("mpi:// init: no MPI launcher variables (OMPI_COMM_WORLD_SIZE, PMI_SIZE or "
+                    "PMIX_RANK) are set; start the program with mpirun -np N");
+  }
+  if (info.world_size > 0) check_rank(info.rank, info.world_size, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE");
+  if (has(env, "MASTER_ADDR")) info.master_addr = get(env, "MASTER_ADDR");
+  if (has(env, "RINGTRAIN_JOB_TOKEN")) info.token = get(env, "RINGTRAIN_JOB_TOKEN");
+  return info;
+}
+
+LaunchInfo parse_url_method(const std::string& url, const EnvMap& env, int rank, int world_size) {
+  LaunchInfo info;
+  const std::string hint = "pass rank and world_size to init_process_group, or set RANK and WORLD_SIZE";
+  if (world_size < 0) {
+    if (has(env, "WORLD_SIZE")) world_size = env_int(env, "WORLD_SIZE", 1, 1 << 20, hint);
+    else if (has(env, "OMPI_COMM_WORLD_SIZE")) world_size = env_int(env, "OMPI_COMM_WORLD_SIZE", 1, 1 << 20, hint);
+    else if (has(env, "SLURM_NTASKS")) world_size = env_int(env, "SLURM_NTASKS", 1, 1 << 20, hint);
+    else throw CommError(url + ": the world size is unknown; " + hint);
+  }
+  if (rank < 0) {
+    if (has(env, "RANK")) rank = env_int(env, "RANK", 0, 1 << 20, hint);
+    else if (has(env, "OMPI_COMM_WORLD_RANK")) rank = env_int(env, "OMPI_COMM_WORLD_RANK", 0, 1 << 20, hint);
+    else if (has(env, "SLURM_PROCID")) rank = env_int(env, "SLURM_PROCID", 0, 1 << 20, hint);
+    else throw CommError(url + ": the rank is unknown; " + hint);
+  }
+  check_rank(rank, world_size, "rank", "world_size");
+  info.rank = rank;
+  info.world_size = world_size;
+  info.local_rank = has(env, "LOCAL_RANK") ? env_int(env, "LOCAL_RANK", 0, 1 << 20, hint) : rank;
+  info.local_world_size = has(env, "LOCAL_WORLD_SIZE") ? env_int(env, "LOCAL_WORLD_SIZE", 1, 1 << 20, hint) : world_size;
+  if (url.rfind("tcp://", 0) == 0) {
+    static const std::regex kHostPort(R"(tcp://([^:/]+):(\d+)/?)");
+    std::smatch match;
+    if (!std::regex_match(url, match, kHostPort)) {
+      throw CommError("init method '" + url + "' is not tcp://host:port");
+    }
+    info.method = "tcp";
+    info.master_addr = match[1].str();
+    long long port = std::stoll(match[2].str());
+    if (port < 1 || port > 65535) throw CommError("init method '" + url + "': port out of range 1-65535");
+    info.master_port = static_cast<int>(port);
+    info.token = has(env, "RINGTRAIN_JOB_TOKEN") ? get(env, "RINGTRAIN_JOB_TOKEN")
+                                                 : detail::concat("tcp:", url, ":", world_size);
+  } else if (url.rfind("file://", 0) == 0) {
+    info.method = "file";
+    info.file_path = url.substr(7);
+    if (info.file_path.empty() || info.file_path[0] != '/') {
+      throw CommError("init method '" + url + "' needs an absolute path: file:///shared/dir/rendezvous");
+    }
+    if (has(env, "RINGTRAIN_JOB_TOKEN")) info.token = get(env, "RINGTRAIN_JOB_TOKEN");
+  } else {
+    throw CommError("init method '" + url + "' is not one of env://, slurm://, mpi://, "
+                    "tcp://host:port, file:///path, single, auto");
+  }
+  return info;
+}
+
+std::string detect_init_method(const EnvMap& env) {
+  if (has(env, "RINGTRAIN_INIT_METHOD")) return get(env, "RINGTRAIN_INIT_METHOD");
+  if (has(env, "MASTER_ADDR") && has(env, "RANK") && has(env, "WORLD_SIZE")) return "env://";
+  if (has(env, "OMPI_COMM_WORLD_SIZE") || has(env, "PMI_SIZE") || has(env, "PMIX_RANK")) return "mpi://";
+  if (has(env, "SLURM_PROCID") && (has(env, "SLURM_NTASKS") || has(env, "SLURM_NPROCS"))) return "slurm://";
+  return "single";
+}
+
+LaunchInfo resolve_launch(const std::string& init_method, const EnvMap& env, int rank,
+                          int world_size) {
+  std::string method = init_method.empty() || init_method == "auto" ? detect_init_method(env) : init_method;
+  if (method == "env://" || method == "env") return parse_env_method(env);
+  if (method == "slurm://" || method == "slurm") return parse_slurm_method(env);
+  if (method == "mpi://" || method == "mpi") return parse_mpi_method(env);
+  if (method == "single") {
+    LaunchInfo info;
+    info.method = "single";
+    info.master_addr = "127.0.0.1";
+    return info;
+  }
+  return parse_url_method(method, env, rank, world_size);
+}
+
+}  // namespace ringtrain::comm

@@ -1,0 +1,223 @@
+// ringrun: start N worker processes of one program on this node, the way
+// torchrun does, and keep them together.
+//
+//   ringrun --nproc-per-node 4 ./train --epochs 3
+//   ringrun --nnodes 2 --node-rank 0 --master-addr node1 --master-port 29500 ./train   (on node1)
+//   ringrun --nnodes 2 --node-rank 1 --master-addr node1 --master-port 29500 ./train   (on node2)
+//
+// Each worker gets the env:// variables: MASTER_ADDR, MASTER_PORT, WORLD_SIZE,
+// RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK/NODE_RANK, and RINGTRAIN_JOB_TOKEN
+// (random on one node; on several, derived from the master address unless
+// --job-token is given, since every node must present the same one).
+//
+// Supervision: the workers run in their own process group, so a Ctrl-C reaches
+// them only through ringrun, which forwards SIGINT, SIGTERM, SIGHUP, SIGQUIT,
+// SIGUSR1 and SIGUSR2 to every worker (SLURM's walltime SIGUSR1 included). When a
+// worker fails (non-zero exit or a signal), ringrun sends SIGTERM to the others,
+// SIGKILL after --stop-timeout seconds, and exits with the failed worker's status
+// (its exit code, or 128 + the signal number, as a shell reports it).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Worker {
+  pid_t pid = -1;
+  int rank = 0;
+  bool running = false;
+};
+
+std::string random_token() {
+  std::ifstream urandom("/dev/urandom", std::ios::binary);
+  unsigned char bytes[16] = {};
+  urandom.read(reinterpret_cast<char*>(bytes), sizeof(bytes));
+  std::string text;
+  char hex[3];
+  for (unsigned char b : bytes) {
+    std::snprintf(hex, sizeof(hex), "%02x", b);
+    text += hex;
+  }
+  return text;
+}
+
+// True when nothing listens on the port yet (rank 0's store will bind it).
+bool port_is_free(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return true;
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return free;
+}
+
+int status_to_exit_code(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return std::string("was killed by signal ") + std::to_string(WTERMSIG(status)) + " (" +
+           strsignal(WTERMSIG(status)) + ")";
+  }
+  return "stopped";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ringrun: launch and supervise the worker processes of a ringtrain job (env:// init)"};
+  int nproc_per_node = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::string job_token;
+  double stop_timeout = 10.0;
+  app.add_option("--nproc-per-node", nproc_per_node, "worker processes on this node")
+      ->check(CLI::Range(1, 4096))->capture_default_str();
+  app.add_option("--nnodes", nnodes, "nodes in the job")->check(CLI::Range(1, 100000))->capture_default_str();
+  app.add_option("--node-rank", node_rank, "this node's index, 0 .. nnodes-1")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--master-addr", master_addr, "host of rank 0 (the store)")->capture_default_str();
+  app.add_option("--master-port", master_port, "TCP port of the store on the master")
+      ->check(CLI::Range(1, 65535))->capture_default_str();
+  app.add_option("--job-token", job_token,
+                 "token every rank presents to the store (default: random on one node, derived from "
+                 "the master address on several; RINGTRAIN_JOB_TOKEN also works)");
+  app.add_option("--stop-timeout", stop_timeout,
+                 "seconds between SIGTERM and SIGKILL when stopping the other workers")
+      ->capture_default_str();
+  app.prefix_command();  // everything from the program name on belongs to the worker
+  app.footer("Example: ringrun --nproc-per-node 2 ./build/bench/comm_sweep --backend ring");
+  CLI11_PARSE(app, argc, argv);
+
+  std::vector<std::string> command = app.remaining();
+  if (command.empty()) {
+    std::cerr << "ringrun: no program given\n" << app.help();
+    return 2;
+  }
+  if (node_rank >= nnodes) {
+    std::cerr << "ringrun: --node-rank " << node_rank << " must be below --nnodes " << nnodes << "\n";
+    return 2;
+  }
+  if (node_rank == 0 && !port_is_free(master_port)) {
+    std::cerr << "ringrun: --master-port " << master_port
+              << " is already in use on this host (another job, or a previous run still exiting); "
+                 "pick a free port with --master-port\n";
+    return 2;
+  }
+  if (job_token.empty()) {
+    if (const char* env = std::getenv("RINGTRAIN_JOB_TOKEN"); env && *env) job_token = env;
+    else if (nnodes == 1) job_token = random_token();
+    else job_token = "ringrun:" + master_addr + ":" + std::to_string(master_port);
+  }
+  const int world_size = nnodes * nproc_per_node;
+
+  // Signals are handled synchronously (sigtimedwait below): block them now, and
+  // unblock them in each child before exec.
+  sigset_t handled;
+  sigemptyset(&handled);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCHLD}) sigaddset(&handled, sig);
+  sigset_t previous;
+  sigprocmask(SIG_BLOCK, &handled, &previous);
+
+  std::vector<Worker> workers(nproc_per_node);
+  for (int local = 0; local < nproc_per_node; ++local) {
+    const int rank = node_rank * nproc_per_node + local;
+    pid_t pid = fork();
+    if (pid < 0) {
+      std::perror("ringrun: fork");
+      for (auto& w : workers) if (w.running) kill(w.pid, SIGKILL);
+      return 1;
+    }
+    if (pid == 0) {
+      setpgid(0, 0);
+      sigprocmask(SIG_SETMASK, &previous, nullptr);
+      setenv("MASTER_ADDR", master_addr.c_str(), 1);
+      setenv("MASTER_PORT", std::to_string(master_port).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(world_size).c_str(), 1);
+      setenv("RANK", std::to_string(rank).c_str(), 1);
+      setenv("LOCAL_RANK", std::to_string(local).c_str(), 1);
+      setenv("LOCAL_WORLD_SIZE", std::to_string(nproc_per_node).c_str(), 1);
+      setenv("GROUP_RANK", std::to_string(node_rank).c_str(), 1);
+      setenv("NODE_RANK", std::to_string(node_rank).c_str(), 1);
+      setenv("RINGTRAIN_JOB_TOKEN", job_token.c_str(), 1);
+      std::vector<char*> args;
+      for (auto& part : command) args.push_back(part.data());
+      args.push_back(nullptr);
+      execvp(args[0], args.data());
+      std::fprintf(stderr, "ringrun: cannot run '%s': %s\n", args[0], std::strerror(errno));
+      _exit(127);
+    }
+    workers[local] = {pid, rank, true};
+  }
+
+  int running = nproc_per_node;
+  int exit_code = 0;
+  bool stopping = false;
+  auto kill_deadline = std::chrono::steady_clock::time_point::max();
+  auto stop_others = [&](int sig) {
+    for (auto& w : workers) if (w.running) kill(w.pid, sig);
+  };
+  while (running > 0) {
+    timespec tick{0, 100 * 1000 * 1000};
+    int sig = sigtimedwait(&handled, nullptr, &tick);
+    if (sig > 0 && sig != SIGCHLD) {
+      // forward: the workers decide what the signal means (checkpoint, requeue, stop)
+      stop_others(sig);
+      if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT) {
+        if (!stopping) kill_deadline = std::chrono::steady_clock::now() +
+                                       std::chrono::milliseconds(static_cast<int>(stop_timeout * 1000));
+        stopping = true;
+        if (exit_code == 0) exit_code = 128 + sig;
+      }
+    }
+    int status = 0;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+      for (auto& w : workers) {
+        if (w.pid != pid || !w.running) continue;
+        w.running = false;
+        --running;
+        bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        if (failed && !stopping) {
+          std::cerr << "ringrun: worker rank " << w.rank << " (pid " << pid << ") "
+                    << describe_status(status) << "; stopping the other workers\n";
+          exit_code = status_to_exit_code(status);
+          stopping = true;
+          stop_others(SIGTERM);
+          kill_deadline = std::chrono::steady_clock::now() +
+                          std::chrono::milliseconds(static_cast<int>(stop_timeout * 1000));
+        }
+      }
+    }
+    if (stopping && running > 0 && std::chrono::steady_clock::now() >= kill_deadline) {
+      std::cerr << "ringrun: " << running << " worker(s) still running after " << stop_timeout
+                << " s; sending SIGKILL\n";
+      stop_others(SIGKILL);
+      kill_deadline = std::chrono::steady_clock::time_point::max();
+    }
+  }
+  return exit_code;
+}

@@ -1,0 +1,217 @@
+// nccl_process_group.cc: NcclProcessGroup, NCCL on CUDA buffers (CUDA builds only).
+//
+// The group owns one NCCL communicator (NcclComm, RAII: ncclCommDestroy, or
+// ncclCommAbort after a failure) and one CUDA stream of its own. The unique id
+// NCCL needs to bootstrap is made by rank 0 and shared through the store.
+// Each collective is launched on the group's stream; the comm thread then
+// records an event and polls it, checking ncclCommGetAsyncError and the
+// deadline, so a hung NCCL kernel becomes a CommTimeoutError (and an abort of
+// the communicator) instead of a hang. The base class has already waited for
+// the event recorded on the caller's stream, so the inputs are ready.
+//
+// NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): on a one-GPU
+// machine, multi-rank tests use the ring backend with host staging instead.
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstring>
+#include <thread>
+
+#include "comm/backends.h"
+#include "comm/init.h"
+#include "tensor/cuda/runtime.h"
+
+namespace ringtrain::comm {
+
+namespace {
+
+ncclDataType_t nccl_type(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return ncclFloat32;
+    case DType::kFloat64: return ncclFloat64;
+    case DType::kFloat16: return ncclFloat16;
+    case DType::kBFloat16: return ncclBfloat16;
+    case DType::kInt32: return ncclInt32;
+    case DType::kInt64: return ncclInt64;
+  }
+  return ncclFloat32;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kAvg: return ncclAvg;
+    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kMin: return ncclMin;
+    case ReduceOp::kProd: return ncclProd;
+  }
+  return ncclSum;
+}
+
+// Owns an ncclComm_t.
+class NcclComm {
+ public:
+  NcclComm() = default;
+  ~NcclComm() { reset(); }
+  NcclComm(NcclComm&& other) noexcept : comm_(other.comm_), aborted_(other.aborted_) {
+    other.comm_ = nullptr;
+  }
+  NcclComm& operator=(NcclComm&& other) noexcept {
+    if (this != &other) {
+      reset();
+      comm_ = other.comm_;
+      aborted_ = other.aborted_;
+      other.comm_ = nullptr;
+    }
+    return *this;
+  }
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+
+  static NcclComm init(int size, const ncclUniqueId& id, int rank) {
+    NcclComm comm;
+    NCCL_CHECK(ncclCommInitRank(&comm.comm_, size, id, rank));
+    return comm;
+  }
+  ncclComm_t get() const { return comm_; }
+  // After a failure: kills outstanding kernels; the destructor then only forgets the handle.
+  void abort() {
+    if (comm_ && !aborted_) ncclCommAbort(comm_);
+    aborted_ = true;
+  }
+
+ private:
+  void reset() {
+    if (comm_ && !aborted_) ncclCommDestroy(comm_);
+    comm_ = nullptr;
+  }
+  ncclComm_t comm_ = nullptr;
+  bool aborted_ = false;
+};
+
+class NcclProcessGroup final : public ProcessGroup {
+ public:
+  explicit NcclProcessGroup(GroupContext context) : ProcessGroup(std::move(context)) {
+    if (!cuda::is_available()) {
+      throw CommError(detail::concat("nccl backend: no usable GPU (", cuda::unavailable_reason(),
+                                     "); use the ring or mpi backend"));
+    }
+    device_ = options().cuda_device >= 0 ? options().cuda_device
+                                         : launch_info().local_rank % cuda::device_count();
+    cuda::set_device(device_);
+    ncclUniqueId id;
+    const std::string key = this->context().prefix + "/nccl_unique_id";
+    if (rank() == 0) {
+      NCCL_CHECK(ncclGetUniqueId(&id));
+      store().set(key, std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
+    } else {
+      std::string bytes = store().get(key, options().timeout);
+      RT_CHECK(bytes.size() == sizeof(id), "nccl backend: the unique id in the store has ",
+               bytes.size(), " bytes, expected ", sizeof(id));
+      std::memcpy(&id, bytes.data(), sizeof(id));
+    }
+    comm_ = NcclComm::init(size(), id, rank());
+    stream_ = cuda::Stream::create(device_);
+    done_ = cuda::Event::create(device_);
+    start();
+  }
+  ~NcclProcessGroup() override { stop(); }
+
+  const char* backend_name() const override { return "nccl"; }
+
+ protected:
+  bool handles_device_buffers() const override { return true; }
+
+  void run(const Collective& c, Deadline deadline) override {
+    RT_CHECK(c.op == CollectiveOp::kBarrier || c.input.device.is_cuda(), "nccl backend: ",
+             describe(c), " got a ", c.input.device.str(),
+             " buffer; NCCL takes CUDA buffers only (use the ring or mpi backend for host memory)");
+    CUDA_CHECK(cudaSetDevice(device_));
+    auto stream = static_cast<cudaStream_t>(stream_.handle());
+    const ncclDataType_t type = nccl_type(c.input.dtype);
+    ncclComm_t comm = comm_.get();
+    void* data = c.input.data;
+    switch (c.op) {
+      case CollectiveOp::kAllreduce:
+        NCCL_CHECK(ncclAllReduce(data, data, c.input.count, type, nccl_op(c.reduce_op), comm, stream));
+        break;
+      case CollectiveOp::kBroadcast:
+        NCCL_CHECK(ncclBroadcast(data, data, c.input.count, type, c.peer, comm, stream));
+        break;
+      case CollectiveOp::kReduce:
+        NCCL_CHECK(ncclReduce(data, data, c.input.count, type, nccl_op(c.reduce_op), c.peer, comm, stream));
+        break;
+      case CollectiveOp::kAllgather:
+        NCCL_CHECK(ncclAllGather(data, c.output.data, c.input.count, type, comm, stream));
+        break;
+      case CollectiveOp::kReduceScatter:
+        NCCL_CHECK(ncclReduceScatter(data, c.output.data, c.output.count, type, nccl_op(c.reduce_op),
+                                     comm, stream));
+        break;
+      case CollectiveOp::kAllToAll: {
+        const size_t block = c.input.count / size();
+        const size_t block_bytes = block * dtype_size(c.input.dtype);
+        NCCL_CHECK(ncclGroupStart());
+        for (int peer = 0; peer < size(); ++peer) {
+          NCCL_CHECK(ncclSend(static_cast<char*>(data) + peer * block_bytes, block, type, peer, comm, stream));
+          NCCL_CHECK(ncclRecv(static_cast<char*>(c.output.data) + peer * block_bytes, block, type, peer,
+                              comm, stream));
+        }
+        NCCL_CHECK(ncclGroupEnd());
+        break;
+      }
+      case CollectiveOp::kBarrier: {
+        if (!barrier_scratch_) CUDA_CHECK(cudaMalloc(&barrier_scratch_, sizeof(int)));
+        NCCL_CHECK(ncclAllReduce(barrier_scratch_, barrier_scratch_, 1, ncclInt32, ncclSum, comm, stream));
+        break;
+      }
+      case CollectiveOp::kSend:
+        NCCL_CHECK(ncclSend(data, c.input.count, type, c.peer, comm, stream));
+        break;
+      case CollectiveOp::kRecv:
+        NCCL_CHECK(ncclRecv(data, c.input.count, type, c.peer, comm, stream));
+        break;
+    }
+    done_.record(stream_);
+    // Poll instead of cudaEventSynchronize: a dead peer must become an error, not a hang.
+    while (!done_.query()) {
+      ncclResult_t async_error = ncclSuccess;
+      NCCL_CHECK(ncclCommGetAsyncError(comm, &async_error));
+      if (async_error != ncclSuccess) {
+        comm_.abort();
+        throw CommError(detail::concat("nccl backend: ", describe(c), " failed: ",
+                                       ncclGetErrorString(async_error)));
+      }
+      if (Clock::now() >= deadline) {
+        comm_.abort();
+        throw CommTimeoutError(detail::concat("nccl backend: ", describe(c),
+                                              " did not finish before the deadline"));
+      }
+      std::this_thread::yield();
+    }
+  }
+
+  std::shared_ptr<ProcessGroup> create_subgroup(GroupContext context, int color, int) override {
+    if (color < 0) return nullptr;
+    return std::make_shared<NcclProcessGroup>(std::move(context));
+  }
+
+  void close_transports() override { comm_.abort(); }
+
+ private:
+  int device_ = 0;
+  NcclComm comm_;
+  cuda::Stream stream_;
+  cuda::Event done_;
+  void* barrier_scratch_ = nullptr;  // one int on the device for barrier(); never freed before exit
+};
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> make_nccl_process_group(GroupContext context) {
+  return std::make_shared<NcclProcessGroup>(std::move(context));
+}
+
+bool nccl_is_built() { return true; }
+
+}  // namespace ringtrain::comm

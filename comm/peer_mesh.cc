@@ -1,0 +1,279 @@
+// peer_mesh.cc: PeerMesh, the connections of one ring-backend group, and the
+// exchange() loop every ring algorithm is written in.
+#include <poll.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "comm/transport.h"
+
+namespace ringtrain::comm {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr uint32_t kHandshakeMagic = 0x52544d31;  // "RTM1"
+
+// The first bytes on every mesh connection: who is calling, for which job and group.
+struct Handshake {
+  uint32_t magic;
+  uint32_t rank;        // the caller's rank in the group
+  uint64_t token_hash;  // fnv1a(job token)
+  uint64_t group_hash;  // fnv1a(group prefix)
+};
+
+uint64_t fnv1a(const std::string& text) {
+  uint64_t hash = 1469598103934665603ull;
+  for (unsigned char c : text) hash = (hash ^ c) * 1099511628211ull;
+  return hash;
+}
+
+std::string hex(uint64_t value) {
+  char text[17];
+  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(value));
+  return text;
+}
+
+inline void cpu_relax() {
+#if defined(__x86_64__)
+  _mm_pause();
+#endif
+}
+
+}  // namespace
+
+PeerMesh::PeerMesh(Store& store, const std::string& prefix, int rank, int size,
+                   const std::vector<int>& world_ranks, const std::string& token,
+                   const std::string& transport, Deadline deadline)
+    : rank_(rank), size_(size), peers_(size) {
+  RT_CHECK(transport == "auto" || transport == "tcp" || transport == "shm",
+           "ring transport '", transport, "' is not one of auto, tcp, shm (RINGTRAIN_TRANSPORT)");
+  for (int r = 0; r < size; ++r) peers_[r].world_rank = world_ranks[r];
+  if (size == 1) return;
+  auto timeout = std::chrono::milliseconds(millis_until(deadline));
+
+  // 1. Publish where we listen (the address the store connection goes out on is
+  //    one the other hosts can route to) and which host we are on.
+  Socket listener = Socket::listen("", 0);
+  json me{{"addr", store.local_address()}, {"port", listener.local_port()},
+          {"host", host_identity()}, {"pid", static_cast<int>(getpid())}};
+  store.set(prefix + "/mesh/" + std::to_string(rank), me.dump());
+  std::vector<json> info(size);
+  for (int r = 0; r < size; ++r) {
+    info[r] = json::parse(store.get(prefix + "/mesh/" + std::to_string(r), timeout));
+  }
+
+  // 2. Full mesh: connect to every lower rank, accept every higher one. Connections
+  //    only go downwards, so no two ranks wait on each other's accept.
+  const Handshake mine{kHandshakeMagic, static_cast<uint32_t>(rank), fnv1a(token), fnv1a(prefix)};
+  for (int peer = 0; peer < rank; ++peer) {
+    Socket socket = Socket::connect(info[peer]["addr"].get<std::string>(),
+                                    info[peer]["port"].get<int>(), deadline);
+    socket.send_all(&mine, sizeof(mine), deadline);
+    uint8_t accepted = 0;
+    socket.recv_all(&accepted, 1, deadline);
+    if (!accepted) {
+      throw CommError(detail::concat("rank ", world_ranks[peer], " refused the connection from rank ",
+                                     world_ranks[rank], ": job token or group mismatch (do all "
+                                     "ranks have the same RINGTRAIN_JOB_TOKEN?)"));
+    }
+    peers_[peer].socket = std::move(socket);
+  }
+  for (int expected = size - 1 - rank; expected > 0;) {
+    Socket socket = listener.accept(deadline);
+    Handshake theirs{};
+    try {
+      socket.recv_all(&theirs, sizeof(theirs), std::min(deadline, Clock::now() + std::chrono::seconds(5)));
+    } catch (const CommError&) {
+      std::cerr << "ringtrain: dropped a connection that sent no handshake\n";
+      continue;
+    }
+    bool valid = theirs.magic == kHandshakeMagic && theirs.token_hash == mine.token_hash &&
+                 theirs.group_hash == mine.group_hash && static_cast<int>(theirs.rank) > rank &&
+                 static_cast<int>(theirs.rank) < size && !peers_[theirs.rank].socket.valid();
+    uint8_t reply = valid ? 1 : 0;
+    try {
+      socket.send_all(&reply, 1, deadline);
+    } catch (const CommError&) {
+      continue;
+    }
+    if (!valid) {
+      std::cerr << "ringtrain: rank " << world_ranks[rank]
+                << " rejected a connection without this job's token or group\n";
+      continue;
+    }
+    peers_[theirs.rank].socket = std::move(socket);
+    --expected;
+  }
+
+  // 3. Transports. Ranks on this host (same hostname and boot id) share memory
+  //    unless "tcp" was asked for.
+  std::vector<int> local;  // group ranks on this host, ascending
+  for (int r = 0; r < size; ++r) {
+    if (info[r]["host"] == info[rank]["host"]) local.push_back(r);
+  }
+  if (transport == "shm" && static_cast<int>(local.size()) != size) {
+    throw CommError("RINGTRAIN_TRANSPORT=shm, but not every rank of the group is on this host; "
+                    "use auto (shared memory on one host, TCP between hosts) or tcp");
+  }
+  std::vector<int> local_index(size, -1);
+  for (size_t i = 0; i < local.size(); ++i) local_index[local[i]] = static_cast<int>(i);
+  const bool use_shm = transport != "tcp" && local.size() > 1;
+  std::vector<std::shared_ptr<ShmSegment>> segment_of(size);
+  if (use_shm) {
+    ShmLayout layout = ShmLayout::from_env(static_cast<int>(local.size()));
+    std::string name = detail::concat("/ringtrain-", hex(fnv1a(token + "|" + prefix)), "-r", rank,
+                                      "-p", getpid());
+    segment_of[rank] = create_shm_segment(name, layout);
+    store.set(prefix + "/shm/" + std::to_string(rank), name);
+    try {
+      for (int r : local) {
+        if (r == rank) continue;
+        segment_of[r] = open_shm_segment(store.get(prefix + "/shm/" + std::to_string(r), timeout),
+                                         layout);
+      }
+      // Once every local rank has mapped every segment, the names can go: a crash
+      // from here on leaves nothing behind in /dev/shm.
+      std::string mapped_key = prefix + "/shm_mapped/" + hex(fnv1a(info[rank]["host"].get<std::string>()));
+      store.add(mapped_key, 1);
+      store.wait_at_least(mapped_key, static_cast<int64_t>(local.size()), timeout);
+    } catch (...) {
+      unlink_shm_segment(name);
+      throw;
+    }
+    unlink_shm_segment(name);
+    for (int r : local) {
+      if (r == rank) continue;
+      peers_[r].transport = make_shm_transport(segment_of[rank], local_index[r], segment_of[r],
+                                               local_index[rank], layout);
+    }
+    for (auto& segment : segment_of) {
+      if (segment) segments_.push_back(segment);
+    }
+  }
+  for (int r = 0; r < size; ++r) {
+    if (r == rank || peers_[r].transport) continue;
+    peers_[r].socket.set_buffer_sizes(4 << 20);
+    peers_[r].transport = make_tcp_transport(peers_[r].socket);
+  }
+}
+
+PeerMesh::~PeerMesh() = default;
+
+const char* PeerMesh::transport_kind(int peer) const {
+  return peer == rank_ || !peers_[peer].transport ? "self" : peers_[peer].transport->kind();
+}
+
+void PeerMesh::close() {
+  closed_ = true;
+  for (auto& peer : peers_) peer.socket.shutdown();
+}
+
+void PeerMesh::lost(int peer, const char* what) const {
+  throw PeerLostError(peers_[peer].world_rank,
+                      detail::concat("rank ", peers_[peer].world_rank, " closed its connection (",
+                                     what, ")"));
+}
+
+void PeerMesh::recv(int peer, void* dst, size_t nbytes, Deadline deadline) {
+  char* out = static_cast<char*>(dst);
+  exchange(-1, nullptr, 0, peer, nbytes,
+           [out](const void* piece, size_t offset, size_t n) { std::memcpy(out + offset, piece, n); },
+           deadline);
+}
+
+void PeerMesh::exchange(int send_peer, const void* send_data, size_t send_bytes, int recv_peer,
+                        size_t recv_bytes, const RecvSink& sink, Deadline deadline) {
+  if (send_peer < 0) send_bytes = 0;
+  if (recv_peer < 0) recv_bytes = 0;
+  const char* out = static_cast<const char*>(send_data);
+  size_t sent = 0;
+  size_t received = 0;
+  uint64_t idle_rounds = 0;
+  int suspect = -1;  // a shared-memory peer whose socket was found closed
+  while (sent < send_bytes || received < recv_bytes) {
+    if (closed_) throw CommError("the process group was shut down after a failure");
+    bool progress = false;
+    if (sent < send_bytes) {
+      try {
+        size_t n = peers_[send_peer].transport->try_send(out + sent, send_bytes - sent);
+        sent += n;
+        progress |= n > 0;
+      } catch (const SocketClosed& e) {
+        lost(send_peer, e.what());
+      }
+    }
+    if (received < recv_bytes) {
+      try {
+        size_t n = peers_[recv_peer].transport->try_recv(received, recv_bytes - received, sink);
+        received += n;
+        progress |= n > 0;
+      } catch (const SocketClosed& e) {
+        lost(recv_peer, e.what());
+      }
+    }
+    if (progress) {
+      idle_rounds = 0;
+      suspect = -1;
+      continue;
+    }
+    // A peer found closed last round and still nothing moved: it is gone.
+    if (suspect >= 0) lost(suspect, "process exited or was killed");
+    suspect = wait_for_progress(sent < send_bytes ? send_peer : -1,
+                                received < recv_bytes ? recv_peer : -1, ++idle_rounds, deadline);
+  }
+}
+
+// Nothing moved this round. Spin briefly (the peer is usually a few hundred ns
+// behind), then give the core away, and now and then check the deadline and that
+// the peers we wait on still exist. Returns a peer whose socket is closed, or -1.
+int PeerMesh::wait_for_progress(int send_peer, int recv_peer, uint64_t idle_rounds,
+                                 Deadline deadline) {
+  auto waiting_on = [&](int peer) { return peer >= 0 ? peers_[peer].transport.get() : nullptr; };
+  Transport* send_side = waiting_on(send_peer);
+  Transport* recv_side = waiting_on(recv_peer);
+  const bool all_tcp = (!send_side || send_side->poll_fd() >= 0) &&
+                       (!recv_side || recv_side->poll_fd() >= 0);
+  if (all_tcp) {
+    // TCP: sleep in poll() until a socket is ready (EOF and errors wake it too).
+    pollfd fds[2];
+    int count = 0;
+    if (send_side) fds[count++] = {send_side->poll_fd(), POLLOUT, 0};
+    if (recv_side) fds[count++] = {recv_side->poll_fd(), POLLIN, 0};
+    ::poll(fds, count, std::min(millis_until(deadline), 50));
+  } else if (idle_rounds < 256) {
+    cpu_relax();
+    return -1;
+  } else if (idle_rounds < 4096) {
+    sched_yield();
+  } else {
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  if (idle_rounds % 64 != 0 && !all_tcp) return -1;
+  if (Clock::now() >= deadline) {
+    int peer = recv_peer >= 0 ? recv_peer : send_peer;
+    throw CommTimeoutError(detail::concat("no progress from rank ", peers_[peer].world_rank,
+                                          " before the deadline"));
+  }
+  // A shared-memory peer gives no EOF of its own: its TCP socket does. Data it wrote
+  // before dying is still consumable, so the caller makes one more round before it
+  // calls the peer lost.
+  for (int peer : {send_peer, recv_peer}) {
+    if (peer >= 0 && peers_[peer].transport->poll_fd() < 0 && peers_[peer].socket.peer_closed()) {
+      return peer;
+    }
+  }
+  return -1;
+}
+
+}  // namespace ringtrain::comm

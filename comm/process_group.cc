@@ -1,0 +1,465 @@
+#include "comm/process_group.h"
+
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "comm/cuda_staging.h"
+#include "tensor/storage.h"
+
+namespace ringtrain::comm {
+
+using nlohmann::json;
+
+namespace {
+
+// Store key under which world rank r publishes why it failed.
+std::string error_key(int world_rank) { return "rt/error/" + std::to_string(world_rank); }
+
+bool is_in_place(CollectiveOp op) {
+  return op == CollectiveOp::kAllreduce || op == CollectiveOp::kBroadcast ||
+         op == CollectiveOp::kReduce || op == CollectiveOp::kRecv;
+}
+
+bool uses_output(CollectiveOp op) {
+  return op == CollectiveOp::kAllgather || op == CollectiveOp::kReduceScatter ||
+         op == CollectiveOp::kAllToAll;
+}
+
+}  // namespace
+
+ProcessGroup::ProcessGroup(GroupContext context) : context_(std::move(context)) {
+  RT_CHECK(context_.size >= 1 && context_.rank >= 0 && context_.rank < context_.size,
+           "ProcessGroup: rank ", context_.rank, " out of range for size ", context_.size);
+  RT_CHECK(static_cast<int>(context_.world_ranks.size()) == context_.size,
+           "ProcessGroup: world_ranks has ", context_.world_ranks.size(), " entries for ",
+           context_.size, " members");
+}
+
+ProcessGroup::~ProcessGroup() { stop(); }
+
+void ProcessGroup::start() {
+  worker_ = std::thread([this] { worker_loop(); });
+}
+
+void ProcessGroup::stop() {
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    if (!worker_.joinable()) return;
+    stopping_ = true;
+    queue_changed_.notify_all();
+  }
+  worker_.join();
+  // The store lives in world rank 0's process: rank 0 must not leave (and take the
+  // store with it) while other ranks may still use it. Everyone checks out; rank 0
+  // waits for all. Skipped after a failure, when some ranks may never check out.
+  if (context_.is_world && !failed_) {
+    try {
+      context_.store->add(context_.prefix + "/shutdown", 1);
+      if (context_.rank == 0) {
+        context_.store->wait_at_least(context_.prefix + "/shutdown", context_.size,
+                                      std::chrono::seconds(60));
+      }
+    } catch (const std::exception&) {
+      // best effort: a peer that is gone cannot check out
+    }
+  }
+}
+
+std::string ProcessGroup::describe(const Collective& c) const {
+  std::string text = detail::concat(collective_op_name(c.op), " #", c.seq, " (");
+  if (c.op != CollectiveOp::kBarrier) {
+    text += detail::concat(dtype_name(c.input.dtype), " x ", c.input.count);
+  }
+  if (c.op == CollectiveOp::kAllreduce || c.op == CollectiveOp::kReduce ||
+      c.op == CollectiveOp::kReduceScatter) {
+    text += detail::concat(", ", reduce_op_name(c.reduce_op));
+  }
+  if (c.op == CollectiveOp::kBroadcast || c.op == CollectiveOp::kReduce) {
+    text += detail::concat(", root ", c.peer);
+  }
+  if (c.op == CollectiveOp::kSend) text += detail::concat(", to ", c.peer, ", tag ", c.tag);
+  if (c.op == CollectiveOp::kRecv) text += detail::concat(", from ", c.peer, ", tag ", c.tag);
+  return text + detail::concat(") on ", backend_name(), " group rank ", context_.rank, "/",
+                               context_.size);
+}
+
+// ---------------------------------------------------------------- issuing
+
+Work ProcessGroup::allreduce(BufferRef buffer, ReduceOp op) {
+  Collective c;
+  c.op = CollectiveOp::kAllreduce;
+  c.input = buffer;
+  c.reduce_op = op;
+  return enqueue(c);
+}
+
+Work ProcessGroup::broadcast(BufferRef buffer, int root) {
+  Collective c;
+  c.op = CollectiveOp::kBroadcast;
+  c.input = buffer;
+  c.peer = root;
+  return enqueue(c);
+}
+
+Work ProcessGroup::reduce(BufferRef buffer, int root, ReduceOp op) {
+  Collective c;
+  c.op = CollectiveOp::kReduce;
+  c.input = buffer;
+  c.peer = root;
+  c.reduce_op = op;
+  return enqueue(c);
+}
+
+Work ProcessGroup::allgather(BufferRef input, BufferRef output) {
+  Collective c;
+  c.op = CollectiveOp::kAllgather;
+  c.input = input;
+  c.output = output;
+  return enqueue(c);
+}
+
+Work ProcessGroup::reduce_scatter(BufferRef input, BufferRef output, ReduceOp op) {
+  Collective c;
+  c.op = CollectiveOp::kReduceScatter;
+  c.input = input;
+  c.output = output;
+  c.reduce_op = op;
+  return enqueue(c);
+}
+
+Work ProcessGroup::all_to_all(BufferRef input, BufferRef output) {
+  Collective c;
+  c.op = CollectiveOp::kAllToAll;
+  c.input = input;
+  c.output = output;
+  return enqueue(c);
+}
+
+Work ProcessGroup::barrier() {
+  Collective c;
+  c.op = CollectiveOp::kBarrier;
+  c.input.dtype = DType::kInt32;
+  return enqueue(c);
+}
+
+Work ProcessGroup::send(BufferRef buffer, int dst, int tag) {
+  Collective c;
+  c.op = CollectiveOp::kSend;
+  c.input = buffer;
+  c.peer = dst;
+  c.tag = tag;
+  return enqueue(c);
+}
+
+Work ProcessGroup::recv(BufferRef buffer, int src, int tag) {
+  Collective c;
+  c.op = CollectiveOp::kRecv;
+  c.input = buffer;
+  c.peer = src;
+  c.tag = tag;
+  return enqueue(c);
+}
+
+Work ProcessGroup::enqueue(Collective c) {
+  const char* name = collective_op_name(c.op);
+  const int n = context_.size;
+  RT_CHECK(c.input.data != nullptr || c.input.count == 0, name, ": null buffer with count ",
+           c.input.count);
+  if (uses_output(c.op)) {
+    RT_CHECK(c.output.data != nullptr || c.output.count == 0, name, ": null output buffer");
+    RT_CHECK(c.input.dtype == c.output.dtype, name, ": input is ", dtype_name(c.input.dtype),
+             " but output is ", dtype_name(c.output.dtype));
+    RT_CHECK(c.input.device == c.output.device, name, ": input on ", c.input.device.str(),
+             " but output on ", c.output.device.str());
+  }
+  switch (c.op) {
+    case CollectiveOp::kBroadcast:
+    case CollectiveOp::kReduce:
+      RT_CHECK(c.peer >= 0 && c.peer < n, name, ": root ", c.peer, " is not a rank of this group (size ", n, ")");
+      break;
+    case CollectiveOp::kSend:
+    case CollectiveOp::kRecv:
+      RT_CHECK(c.peer >= 0 && c.peer < n && c.peer != context_.rank, name, ": peer ", c.peer,
+               " must be another rank of this group (this is rank ", context_.rank, " of ", n, ")");
+      break;
+    case CollectiveOp::kAllgather:
+      RT_CHECK(c.output.count == c.input.count * n, "allgather: output has ", c.output.count,
+               " elements; it needs size() * input.count = ", n, " * ", c.input.count);
+      break;
+    case CollectiveOp::kReduceScatter:
+      RT_CHECK(c.input.count == c.output.count * n, "reduce_scatter: input has ", c.input.count,
+               " elements; it needs size() * output.count = ", n, " * ", c.output.count);
+      break;
+    case CollectiveOp::kAllToAll:
+      RT_CHECK(c.input.count == c.output.count && c.input.count % n == 0, "all_to_all: input (",
+               c.input.count, ") and output (", c.output.count,
+               ") must have the same count, a multiple of size() = ", n);
+      break;
+    default:
+      break;
+  }
+  Pending pending;
+  bool on_device = c.input.device.is_cuda() || (uses_output(c.op) && c.output.device.is_cuda());
+  if (on_device) pending.ready_event = record_stream_event(c.input.device.index);
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    RT_CHECK(!stopping_, name, ": the process group is shutting down");
+    c.seq = next_seq_++;
+    pending.collective = c;
+    pending.state = std::make_shared<WorkState>(describe(c));
+    Work work(pending.state);
+    queue_.push_back(std::move(pending));
+    queue_changed_.notify_one();
+    return work;
+  }
+}
+
+// ---------------------------------------------------------------- the comm thread
+
+void ProcessGroup::worker_loop() {
+  while (true) {
+    Pending pending;
+    {
+      std::unique_lock<std::mutex> lock(queue_mutex_);
+      queue_changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and everything queued has run
+      pending = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    execute(pending);
+  }
+}
+
+void ProcessGroup::execute(Pending& pending) {
+  const Collective& c = pending.collective;
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    if (failed_) {
+      pending.state->mark_failed(failure_);
+      return;
+    }
+  }
+  try {
+    wait_for_stream_event(pending.ready_event);
+    if (context_.options.debug_collectives && c.op != CollectiveOp::kSend &&
+        c.op != CollectiveOp::kRecv) {
+      check_same_collective(c);
+    }
+    run_staged(c, Clock::now() + context_.options.timeout);
+    pending.state->mark_completed();
+  } catch (...) {
+    std::exception_ptr explained = explain_failure(std::current_exception(), c);
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      if (!failed_) failure_ = explained;
+      failed_ = true;
+    }
+    close_transports();
+    pending.state->mark_failed(explained);
+  }
+}
+
+void ProcessGroup::run_staged(const Collective& c, Deadline deadline) {
+  bool on_device = c.input.device.is_cuda() || (uses_output(c.op) && c.output.device.is_cuda());
+  if (!on_device || handles_device_buffers()) {
+    run(c, deadline);
+    return;
+  }
+  // The backend moves host memory: stage through pinned buffers.
+  const int device = c.input.device.index;
+  Collective host = c;
+  DataPtr input_host = allocate_pinned_host_bytes(c.input.nbytes());
+  host.input.data = input_host.get();
+  host.input.device = Device::cpu();
+  if (c.op != CollectiveOp::kRecv) {
+    copy_device_to_host(host.input.data, c.input.data, c.input.nbytes(), device);
+  }
+  DataPtr output_host;
+  if (uses_output(c.op)) {
+    output_host = allocate_pinned_host_bytes(c.output.nbytes());
+    host.output.data = output_host.get();
+    host.output.device = Device::cpu();
+  }
+  run(host, deadline);
+  if (is_in_place(c.op)) copy_host_to_device(c.input.data, host.input.data, c.input.nbytes(), device);
+  if (uses_output(c.op)) {
+    copy_host_to_device(c.output.data, host.output.data, c.output.nbytes(), device);
+  }
+}
+
+// ---------------------------------------------------------------- debug mode
+
+void ProcessGroup::check_same_collective(const Collective& c) {
+  // What this rank issued, in the form that must be equal on every rank.
+  std::string signature = detail::concat(collective_op_name(c.op), "(");
+  if (c.op != CollectiveOp::kBarrier) {
+    signature += detail::concat(dtype_name(c.input.dtype), ", count=", c.input.count);
+  }
+  if (c.op == CollectiveOp::kAllreduce || c.op == CollectiveOp::kReduce ||
+      c.op == CollectiveOp::kReduceScatter) {
+    signature += detail::concat(", ", reduce_op_name(c.reduce_op));
+  }
+  if (c.op == CollectiveOp::kBroadcast || c.op == CollectiveOp::kReduce) {
+    signature += detail::concat(", root=", c.peer);
+  }
+  signature += ")";
+  const std::string base = detail::concat(context_.prefix, "/debug/", c.seq, "/");
+  context_.store->set(base + std::to_string(context_.rank), signature);
+  std::vector<std::string> issued(context_.size);
+  for (int r = 0; r < context_.size; ++r) {
+    try {
+      issued[r] = context_.store->get(base + std::to_string(r), context_.options.timeout);
+    } catch (const CommTimeoutError&) {
+      throw CommError(detail::concat("collective mismatch at #", c.seq, ": rank ", r,
+                                     " issued no collective #", c.seq, " within the timeout ",
+                                     "(this rank issued ", signature, ")"));
+    }
+  }
+  std::vector<int> differing;
+  for (int r = 0; r < context_.size; ++r) {
+    if (issued[r] != issued[0]) differing.push_back(r);
+  }
+  if (differing.empty()) return;
+  std::string message = detail::concat("collective mismatch at #", c.seq, " (debug mode): ");
+  for (int r = 0; r < context_.size; ++r) {
+    bool odd = std::count(issued.begin(), issued.end(), issued[r]) <= context_.size / 2;
+    message += detail::concat(r ? "; " : "", "rank ", r, " issued ", issued[r],
+                              odd ? " <- differs" : "");
+  }
+  message += ". Every rank must issue the same collectives in the same order.";
+  throw CommError(message);
+}
+
+// ---------------------------------------------------------------- failures
+
+void publish_rank_error(Store& store, int world_rank, const std::string& kind,
+                        const std::string& message, int dead_rank) {
+  try {
+    json record{{"rank", world_rank}, {"kind", kind}, {"message", message},
+                {"dead_rank", dead_rank}};
+    // The first explanation a rank publishes is the one that counts.
+    if (!store.try_get(error_key(world_rank))) store.set(error_key(world_rank), record.dump());
+  } catch (const std::exception&) {
+    // the store itself may be gone (rank 0 died); the local error still stands
+  }
+}
+
+void ProcessGroup::publish_error(const std::string& kind, const std::string& message,
+                                 int dead_rank) {
+  publish_rank_error(*context_.store, context_.world_rank(), kind, message, dead_rank);
+}
+
+std::exception_ptr ProcessGroup::explain_failure(std::exception_ptr error, const Collective& c) {
+  const std::string what_op = describe(c);
+  const int me = context_.world_rank();
+  // What the other ranks published (an original exception wins over "peer lost").
+  auto published = [&](std::string* note) {
+    std::vector<json> records;
+    try {
+      for (int world_rank : context_.world_ranks) {
+        if (world_rank == me) continue;
+        if (auto text = context_.store->try_get(error_key(world_rank))) {
+          records.push_back(json::parse(*text));
+        }
+      }
+    } catch (const std::exception&) {
+      *note = " (the store on rank 0 is unreachable too: rank 0 has exited)";
+    }
+    return records;
+  };
+  try {
+    std::rethrow_exception(error);
+  } catch (const PeerLostError& e) {
+    std::string note;
+    auto records = published(&note);
+    for (const json& r : records) {
+      if (r["kind"] == "exception") {
+        std::string message = detail::concat(what_op, " failed on rank ", me, ": rank ",
+                                             r["rank"].get<int>(), " failed with: ",
+                                             r["message"].get<std::string>());
+        publish_error("peer_failed", message, r["rank"].get<int>());
+        return std::make_exception_ptr(CommError(message));
+      }
+    }
+    int dead = e.rank();
+    for (const json& r : records) {
+      if (r["kind"] == "peer_lost") {
+        dead = r["dead_rank"].get<int>();
+        break;
+      }
+    }
+    std::string message = detail::concat(what_op, " failed on rank ", me, ": rank ", dead,
+                                         " died (its connection closed)", note);
+    publish_error("peer_lost", message, dead);
+    return std::make_exception_ptr(PeerLostError(dead, message));
+  } catch (const CommTimeoutError& e) {
+    std::string note;
+    for (const json& r : published(&note)) {
+      if (r["kind"] == "exception" || r["kind"] == "peer_lost") {
+        std::string message = detail::concat(what_op, " failed on rank ", me, ": ",
+                                             r["message"].get<std::string>());
+        return std::make_exception_ptr(CommError(message));
+      }
+    }
+    auto seconds = std::chrono::duration_cast<std::chrono::seconds>(context_.options.timeout);
+    std::string message = detail::concat(
+        what_op, " timed out on rank ", me, " after ", seconds.count(), " s: ", e.what(),
+        ". Another rank is stuck or issued different collectives (run with "
+        "RINGTRAIN_DEBUG_COLLECTIVES=1 to check); raise the limit with RINGTRAIN_TIMEOUT_SEC or "
+        "ProcessGroupOptions::timeout");
+    publish_error("timeout", message, -1);
+    return std::make_exception_ptr(CommTimeoutError(message));
+  } catch (const std::exception& e) {
+    std::string message = detail::concat(what_op, " failed on rank ", me, ": ", e.what());
+    publish_error("exception", message, -1);
+    return std::make_exception_ptr(CommError(message));
+  }
+}
+
+void ProcessGroup::abort(const std::string& reason) {
+  std::string message = detail::concat("rank ", context_.world_rank(), " aborted: ", reason);
+  publish_error("exception", message, -1);
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    if (!failed_) failure_ = std::make_exception_ptr(CommError(message));
+    failed_ = true;
+  }
+  close_transports();
+}
+
+// ---------------------------------------------------------------- sub-groups
+
+std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) {
+  const std::string base = detail::concat(context_.prefix, "/split", split_count_++);
+  context_.store->set(base + "/" + std::to_string(context_.rank), json{color, key}.dump());
+  struct Member {
+    int color, key, rank;
+  };
+  std::vector<Member> members;
+  for (int r = 0; r < context_.size; ++r) {
+    json entry = json::parse(context_.store->get(base + "/" + std::to_string(r),
+                                                 context_.options.timeout));
+    if (entry[0].get<int>() == color) members.push_back({color, entry[1].get<int>(), r});
+  }
+  std::sort(members.begin(), members.end(), [](const Member& a, const Member& b) {
+    return a.key != b.key ? a.key < b.key : a.rank < b.rank;
+  });
+  GroupContext child = context_;
+  child.is_world = false;
+  child.server = nullptr;
+  child.prefix = detail::concat(base, "/color", color);
+  child.size = static_cast<int>(members.size());
+  child.world_ranks.clear();
+  child.rank = -1;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (members[i].rank == context_.rank) child.rank = static_cast<int>(i);
+    child.world_ranks.push_back(context_.world_ranks[members[i].rank]);
+  }
+  // Called on non-members too (color < 0, child.rank == -1): a backend whose split is
+  // itself a collective over the parent (MPI_Comm_split) needs every rank; the others
+  // return nullptr for them.
+  return create_subgroup(std::move(child), color, key);
+}
+
+}  // namespace ringtrain::comm

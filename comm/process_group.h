@@ -1,0 +1,180 @@
+// process_group.h: the collective API that DDP and users call.
+//
+// defines: ProcessGroupOptions, GroupContext (what a backend is built from),
+//          ProcessGroup (the abstract group: async collectives returning Work,
+//          split into sub-groups, abort).
+//
+// Where it sits in the data flow: DDP's Reducer calls allreduce() on a bucket
+// when the bucket is full and it is its turn; the call only queues the
+// collective on this group's comm thread and returns a Work. The comm thread
+// runs the queued collectives one after another in issue order (the order is
+// what makes ranks agree: every rank issues the same sequence), so a backend's
+// run() is plain blocking code with a deadline.
+//
+// Around every run() the base class does the work common to all backends:
+//   - argument checks (counts, roots, dtypes) with messages naming the op;
+//   - the debug check (RINGTRAIN_DEBUG_COLLECTIVES=1): every rank publishes
+//     (seq, op, dtype, count, root/redop) to the store and compares with all
+//     others before running; a mismatch names each rank and what it issued;
+//   - CUDA buffers for backends that only move host memory (ring, mpi): wait for
+//     the caller's stream (an event recorded at issue time), copy to pinned host
+//     memory, run, copy back;
+//   - failure: the error is published to the store under this rank, the
+//     transports are closed so that neighbours notice at once, and every pending
+//     and later collective of the group fails with the same explained error.
+//     A PeerLostError is explained with what the store knows: if some rank
+//     published an exception, its message is the one reported.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/store.h"
+#include "comm/types.h"
+#include "comm/work.h"
+
+namespace ringtrain::comm {
+
+struct ProcessGroupOptions {
+  // Per-collective timeout, counted from when the collective starts running.
+  // RINGTRAIN_TIMEOUT_SEC overrides the default at init_process_group.
+  std::chrono::milliseconds timeout = kDefaultTimeout;
+  // Check that all ranks issue the same collective (costs a store round trip per
+  // collective). Also enabled by RINGTRAIN_DEBUG_COLLECTIVES=1.
+  bool debug_collectives = false;
+  // nccl backend: the CUDA device of this rank; -1: LOCAL_RANK % device count.
+  int cuda_device = -1;
+  // ring backend: "auto" (shared memory between ranks on one host, TCP otherwise),
+  // "tcp" or "shm" (fails if a peer is on another host). RINGTRAIN_TRANSPORT overrides.
+  std::string transport = "auto";
+};
+
+// Everything a backend needs to join the other members of its group.
+struct GroupContext {
+  int rank = 0;                          // rank in this group
+  int size = 1;                          // members in this group
+  std::vector<int> world_ranks;          // world rank of each member (for messages)
+  std::shared_ptr<Store> store;          // shared by the world group and its sub-groups
+  std::shared_ptr<StoreServer> server;   // non-null on world rank 0: keeps the store alive
+  std::string prefix;                    // store key prefix unique to this group
+  std::string token;                     // the job token (transport handshakes check it)
+  bool is_world = false;                 // the group made by init_process_group
+  ProcessGroupOptions options;
+
+  int world_rank() const { return world_ranks.at(rank); }
+};
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return context_.rank; }
+  int size() const { return context_.size; }
+  virtual const char* backend_name() const = 0;
+  const ProcessGroupOptions& options() const { return context_.options; }
+  Store& store() { return *context_.store; }
+
+  // In place: every rank ends with op(all ranks' buffers). kAvg divides by size().
+  Work allreduce(BufferRef buffer, ReduceOp op = ReduceOp::kSum);
+  // In place: every rank ends with root's buffer.
+  Work broadcast(BufferRef buffer, int root);
+  // In place: root ends with op(all buffers); other ranks' buffers are scratch afterwards.
+  Work reduce(BufferRef buffer, int root, ReduceOp op = ReduceOp::kSum);
+  // output.count == size() * input.count; output holds rank 0's input, then rank 1's, ...
+  Work allgather(BufferRef input, BufferRef output);
+  // input.count == size() * output.count; rank r gets op over ranks of input block r.
+  Work reduce_scatter(BufferRef input, BufferRef output, ReduceOp op = ReduceOp::kSum);
+  // input and output hold size() equal blocks; block j of input goes to rank j, and
+  // block i of output came from rank i.
+  Work all_to_all(BufferRef input, BufferRef output);
+  Work barrier();
+  // Point to point. Executed in issue order on the comm thread like collectives: a
+  // pair that both send first can deadlock on large messages; order them.
+  Work send(BufferRef buffer, int dst, int tag = 0);
+  Work recv(BufferRef buffer, int src, int tag = 0);
+
+  // Collective over this group: ranks passing the same color form a new group,
+  // ordered by (key, old rank). color < 0: this rank joins no group (nullptr).
+  std::shared_ptr<ProcessGroup> split(int color, int key);
+
+  // Fails this group on purpose (e.g. the caller caught an exception it cannot
+  // recover from): publishes `reason` so the peers fail with it, not a timeout.
+  void abort(const std::string& reason);
+  bool failed() const { return failed_.load(); }
+
+ protected:
+  // One queued collective, as the backend's run() sees it.
+  struct Collective {
+    CollectiveOp op = CollectiveOp::kBarrier;
+    BufferRef input;   // allreduce/broadcast/reduce/send/recv: the buffer
+    BufferRef output;  // allgather/reduce_scatter/all_to_all: the result
+    ReduceOp reduce_op = ReduceOp::kSum;
+    int peer = -1;     // root (broadcast, reduce), dst (send), src (recv)
+    int tag = 0;
+    uint64_t seq = 0;  // position in this group's collective sequence
+  };
+
+  explicit ProcessGroup(GroupContext context);
+  // Derived constructors call start() when their transports are up, and their
+  // destructors call stop() first, so the comm thread never sees a half-built or
+  // half-destroyed backend.
+  void start();
+  void stop();
+
+  // Runs one collective to completion (blocking, on the comm thread), or throws.
+  virtual void run(const Collective& collective, Deadline deadline) = 0;
+  // True when run() takes device pointers itself (nccl); false: the base stages them.
+  virtual bool handles_device_buffers() const { return false; }
+  // Builds the sub-group split() computed. Called on every rank of this group; on
+  // ranks that passed color < 0, context.rank is -1 and the result must be nullptr.
+  virtual std::shared_ptr<ProcessGroup> create_subgroup(GroupContext context, int color,
+                                                        int key) = 0;
+  // Called once after a failure: close sockets and the like so peers notice now.
+  virtual void close_transports() {}
+
+  std::string describe(const Collective& collective) const;
+  const GroupContext& context() const { return context_; }
+
+ private:
+  struct Pending {
+    Collective collective;
+    std::shared_ptr<WorkState> state;
+    std::shared_ptr<void> ready_event;  // cuda::Event recorded on the caller's stream
+  };
+
+  Work enqueue(Collective collective);
+  void worker_loop();
+  void execute(Pending& pending);
+  void run_staged(const Collective& collective, Deadline deadline);
+  void check_same_collective(const Collective& collective);
+  // Turns the exception of a failed collective into the error every later wait sees.
+  std::exception_ptr explain_failure(std::exception_ptr error, const Collective& collective);
+  void publish_error(const std::string& kind, const std::string& message, int dead_rank);
+
+  GroupContext context_;
+  uint64_t next_seq_ = 0;            // next collective's sequence number (caller side)
+  uint64_t split_count_ = 0;         // splits made so far (store keys)
+  std::atomic<bool> failed_{false};
+  std::exception_ptr failure_;       // set once, by the comm thread, when failed_
+  std::mutex queue_mutex_;
+  std::condition_variable queue_changed_;
+  std::deque<Pending> queue_;
+  bool stopping_ = false;
+  std::thread worker_;
+};
+
+// Publishes why world rank `world_rank` failed, for its peers to report. kind:
+// "exception" (the original error), "peer_lost" (dead_rank died), "peer_failed",
+// "timeout". Best effort: never throws (the store may be gone).
+void publish_rank_error(Store& store, int world_rank, const std::string& kind,
+                        const std::string& message, int dead_rank = -1);
+
+}  // namespace ringtrain::comm

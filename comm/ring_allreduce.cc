@@ -1,0 +1,161 @@
+// ring_allreduce.cc: RingAllreduce, the algorithm DDP spends its communication in.
+//
+// What it does. Every rank holds a buffer of S bytes; afterwards every rank holds
+// the element-wise reduction of all p buffers. The buffer is cut into p chunks.
+//   Phase 1, reduce-scatter (p-1 steps): at each step every rank sends one chunk
+//   to its next neighbour and receives one from its previous neighbour, which it
+//   reduces into its own copy of that chunk. The chunk a rank forwards at step k
+//   is the one it just reduced at step k-1, so after p-1 steps chunk (r+1) mod p
+//   on rank r has been through every rank: it is the full result.
+//   Phase 2, allgather (p-1 steps): the finished chunks travel once more around
+//   the ring, now copied instead of reduced, until every rank has all of them.
+//
+// Cost (alpha-beta model: sending m bytes costs alpha + m*beta; reducing m bytes
+// costs m*gamma):
+//   ring:               2(p-1) alpha + 2 (p-1)/p S beta + (p-1)/p S gamma
+//   recursive doubling:  log2(p) alpha + log2(p) S beta +  log2(p) S gamma
+// The ring sends 2(p-1)/p S bytes per rank, which is the minimum any allreduce
+// must send: it is bandwidth-optimal, and the number a benchmark reports as
+// "busbw" (algbw * 2(p-1)/p) is exactly the per-link rate this ring achieves.
+// Its weakness is the 2(p-1) alpha term: for small S the latency dominates, so
+// below ring_latency_threshold_bytes() we take recursive doubling, whose log2(p)
+// rounds each move the whole (small) buffer.
+//
+// Pipelining. Each step is one PeerMesh::exchange, which streams the chunk in
+// transport-sized pieces (a shared-memory slot, a TCP staging buffer): while the
+// sender copies piece k+1 in, the receiver already reduces piece k straight out
+// of the shared slot. So within a step, copy, transfer and reduction overlap; the
+// steps themselves follow each other.
+//
+// Where it sits. DDP's Reducer -> ProcessGroup::allreduce (queues) -> comm thread
+// -> RingProcessGroup::run -> ring_allreduce -> PeerMesh::exchange -> ShmTransport
+// or TcpTransport. kAvg is reduced as a sum; each rank divides the chunk it owns
+// between the two phases, so the division is done once per element, not p times.
+#include <cstdlib>
+#include <cstring>
+
+#include "comm/reduce.h"
+#include "comm/ring_algorithms.h"
+
+namespace ringtrain::comm {
+
+size_t ring_latency_threshold_bytes() {
+  static const size_t threshold = [] {
+    const char* text = std::getenv("RINGTRAIN_RING_LATENCY_BYTES");
+    return text && *text ? static_cast<size_t>(std::strtoull(text, nullptr, 10)) : size_t{16384};
+  }();
+  return threshold;
+}
+
+void ring_reduce_scatter_blocks(RingArgs& args, const char* src, char* acc,
+                                const ChunkLayout& layout, int shift) {
+  const int n = args.size();
+  const int r = args.rank();
+  const int next = ring_mod(r + 1, n);
+  const int prev = ring_mod(r - 1, n);
+  const size_t element = args.element_bytes();
+  for (int step = 0; step < n - 1; ++step) {
+    const int send_chunk = ring_mod(r - step + shift, n);
+    const int recv_chunk = ring_mod(r - step - 1 + shift, n);
+    // step 0: push our own contribution of send_chunk to next;
+    // steps 1..p-2: forward the chunk we reduced in the previous step.
+    const char* send_from = (step == 0 ? src : acc) + layout.offset(send_chunk);
+    // meanwhile: receive prev's partial sum of recv_chunk and reduce our contribution into it
+    const char* mine = src + layout.offset(recv_chunk);
+    char* into = acc + layout.offset(recv_chunk);
+    args.mesh.exchange(
+        next, send_from, layout.bytes(send_chunk), prev, layout.bytes(recv_chunk),
+        [&](const void* piece, size_t offset, size_t nbytes) {
+          if (mine == into) {
+            reduce_into(into + offset, piece, nbytes / element, args.dtype, args.op);
+          } else {
+            reduce_into3(into + offset, mine + offset, piece, nbytes / element, args.dtype, args.op);
+          }
+        },
+        args.deadline);
+  }
+  // step p-1 is done: acc's chunk (r + 1 + shift) mod p now holds the reduction of all p ranks
+}
+
+void ring_allgather_blocks(RingArgs& args, char* data, const ChunkLayout& layout, int shift) {
+  const int n = args.size();
+  const int r = args.rank();
+  const int next = ring_mod(r + 1, n);
+  const int prev = ring_mod(r - 1, n);
+  for (int step = 0; step < n - 1; ++step) {
+    const int send_chunk = ring_mod(r + 1 + shift - step, n);
+    const int recv_chunk = ring_mod(r + shift - step, n);
+    // step 0: push the chunk we own to next; steps 1..p-2: forward the one just received.
+    // meanwhile: copy the finished chunk coming from prev into place
+    char* into = data + layout.offset(recv_chunk);
+    args.mesh.exchange(
+        next, data + layout.offset(send_chunk), layout.bytes(send_chunk), prev,
+        layout.bytes(recv_chunk),
+        [into](const void* piece, size_t offset, size_t nbytes) {
+          std::memcpy(into + offset, piece, nbytes);
+        },
+        args.deadline);
+  }
+}
+
+void ring_allreduce(RingArgs& args, void* data, size_t count) {
+  const int n = args.size();
+  if (n == 1 || count == 0) return;
+  char* buffer = static_cast<char*>(data);
+  ChunkLayout chunks(count, n, args.element_bytes());
+  // Phase 1, reduce-scatter: p-1 steps of "receive, reduce, forward".
+  ring_reduce_scatter_blocks(args, buffer, buffer, chunks, /*shift=*/0);
+  // Between the phases: the chunk this rank owns is final; an average divides it here.
+  const int owned = ring_mod(args.rank() + 1, n);
+  if (args.op == ReduceOp::kAvg) {
+    scale_for_average(buffer + chunks.offset(owned), chunks.elements(owned), args.dtype, n);
+  }
+  // Phase 2, allgather: p-1 steps of "receive, copy, forward".
+  ring_allgather_blocks(args, buffer, chunks, /*shift=*/0);
+}
+
+// Recursive doubling: in round k every rank swaps its whole buffer with the rank
+// whose number differs in bit k and reduces. After log2(p) rounds all have the
+// result, and all computed the same floating-point expression (a+b == b+a), so
+// the ranks agree bit for bit. With p not a power of two, the p - 2^m extra ranks
+// first hand their buffer to a partner among the first 2^m, wait, and get the
+// result back at the end.
+void recursive_doubling_allreduce(RingArgs& args, void* data, size_t count) {
+  const int n = args.size();
+  const int r = args.rank();
+  if (n == 1 || count == 0) return;
+  const size_t bytes = count * args.element_bytes();
+  char* buffer = static_cast<char*>(data);
+  if (args.scratch.size() < bytes) args.scratch.resize(bytes);
+  char* incoming = args.scratch.data();
+  auto copy_in = [incoming](const void* piece, size_t offset, size_t nbytes) {
+    std::memcpy(incoming + offset, piece, nbytes);
+  };
+  int pow2 = 1;
+  while (pow2 * 2 <= n) pow2 *= 2;
+  const int extra = n - pow2;
+  // fold in: rank pow2 + i gives its buffer to rank i
+  if (r >= pow2) {
+    args.mesh.send(r - pow2, buffer, bytes, args.deadline);
+  } else {
+    if (r < extra) {
+      args.mesh.exchange(-1, nullptr, 0, r + pow2, bytes, copy_in, args.deadline);
+      reduce_into(buffer, incoming, count, args.dtype, args.op);
+    }
+    // log2(pow2) rounds: swap with the partner across bit k, reduce
+    for (int mask = 1; mask < pow2; mask <<= 1) {
+      const int partner = r ^ mask;
+      args.mesh.exchange(partner, buffer, bytes, partner, bytes, copy_in, args.deadline);
+      reduce_into(buffer, incoming, count, args.dtype, args.op);
+    }
+    if (args.op == ReduceOp::kAvg) scale_for_average(buffer, count, args.dtype, n);
+  }
+  // fold out: the extra ranks get the result back
+  if (r >= pow2) {
+    args.mesh.recv(r - pow2, buffer, bytes, args.deadline);
+  } else if (r < extra) {
+    args.mesh.send(r + pow2, buffer, bytes, args.deadline);
+  }
+}
+
+}  // namespace ringtrain::comm

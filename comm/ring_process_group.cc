@@ -1,0 +1,111 @@
+// ring_process_group.cc: RingProcessGroup, our own backend.
+//
+// It owns a PeerMesh (a TCP connection to every member, shared memory with the
+// members on this host) and maps each queued collective onto an algorithm of
+// ring_algorithms.h. Everything runs on the comm thread of the base class, one
+// collective at a time, each under its deadline.
+#include <cstring>
+
+#include "comm/backends.h"
+#include "comm/ring_algorithms.h"
+#include "comm/transport.h"
+
+namespace ringtrain::comm {
+
+namespace {
+
+constexpr uint32_t kPointToPointMagic = 0x52545032;  // "RTP2"
+
+// Sent ahead of every send() payload, so that recv() can check it matches.
+struct PointToPointHeader {
+  uint32_t magic;
+  int32_t tag;
+  uint64_t nbytes;
+};
+
+class RingProcessGroup final : public ProcessGroup {
+ public:
+  explicit RingProcessGroup(GroupContext context)
+      : ProcessGroup(std::move(context)),
+        mesh_(store(), this->context().prefix + "/ring", rank(), size(),
+              this->context().world_ranks, this->context().token, options().transport,
+              Clock::now() + options().timeout) {
+    start();
+  }
+  ~RingProcessGroup() override { stop(); }
+
+  const char* backend_name() const override { return "ring"; }
+
+ protected:
+  void run(const Collective& c, Deadline deadline) override {
+    RingArgs args{mesh_, c.input.dtype, c.reduce_op, deadline, scratch_};
+    switch (c.op) {
+      case CollectiveOp::kAllreduce:
+        if (c.input.nbytes() < ring_latency_threshold_bytes() ||
+            c.input.count < static_cast<size_t>(size())) {
+          recursive_doubling_allreduce(args, c.input.data, c.input.count);
+        } else {
+          ring_allreduce(args, c.input.data, c.input.count);
+        }
+        return;
+      case CollectiveOp::kBroadcast:
+        ring_broadcast(args, c.input.data, c.input.nbytes(), c.peer);
+        return;
+      case CollectiveOp::kReduce:
+        ring_reduce(args, c.input.data, c.input.count, c.peer);
+        return;
+      case CollectiveOp::kAllgather:
+        ring_allgather(args, c.input.data, c.output.data, c.input.count);
+        return;
+      case CollectiveOp::kReduceScatter:
+        ring_reduce_scatter(args, c.input.data, c.output.data, c.output.count);
+        return;
+      case CollectiveOp::kAllToAll:
+        pairwise_all_to_all(args, c.input.data, c.output.data, c.input.count);
+        return;
+      case CollectiveOp::kBarrier:
+        dissemination_barrier(args);
+        return;
+      case CollectiveOp::kSend: {
+        PointToPointHeader header{kPointToPointMagic, c.tag, c.input.nbytes()};
+        mesh_.send(c.peer, &header, sizeof(header), deadline);
+        mesh_.send(c.peer, c.input.data, c.input.nbytes(), deadline);
+        return;
+      }
+      case CollectiveOp::kRecv: {
+        PointToPointHeader header{};
+        mesh_.recv(c.peer, &header, sizeof(header), deadline);
+        if (header.magic != kPointToPointMagic || header.tag != c.tag ||
+            header.nbytes != c.input.nbytes()) {
+          throw CommError(detail::concat(
+              "recv from rank ", c.peer, " expected tag ", c.tag, " with ", c.input.nbytes(),
+              " bytes, but the peer sent ",
+              header.magic == kPointToPointMagic
+                  ? detail::concat("tag ", header.tag, " with ", header.nbytes, " bytes")
+                  : std::string("something that is not a send() (a collective?)")));
+        }
+        mesh_.recv(c.peer, c.input.data, c.input.nbytes(), deadline);
+        return;
+      }
+    }
+  }
+
+  std::shared_ptr<ProcessGroup> create_subgroup(GroupContext context, int color, int) override {
+    if (color < 0) return nullptr;
+    return std::make_shared<RingProcessGroup>(std::move(context));
+  }
+
+  void close_transports() override { mesh_.close(); }
+
+ private:
+  PeerMesh mesh_;
+  std::vector<char> scratch_;  // grows to the largest recursive-doubling / reduce_scatter need
+};
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> make_ring_process_group(GroupContext context) {
+  return std::make_shared<RingProcessGroup>(std::move(context));
+}
+
+}  // namespace ringtrain::comm

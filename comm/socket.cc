@@ -1,0 +1,229 @@
+#include "comm/socket.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+namespace ringtrain::comm {
+
+int millis_until(Deadline deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  if (left.count() <= 0) return 0;
+  return static_cast<int>(std::min<int64_t>(left.count(), 1 << 30));
+}
+
+namespace {
+
+// Resolves host (a name or dotted address) to an IPv4 sockaddr.
+sockaddr_in resolve(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* result = nullptr;
+  int rc = getaddrinfo(host.c_str(), nullptr, &hints, &result);
+  if (rc != 0 || result == nullptr) {
+    throw CommError(detail::concat("cannot resolve host '", host, "': ", gai_strerror(rc),
+                                   " (check MASTER_ADDR / the node list)"));
+  }
+  sockaddr_in addr = *reinterpret_cast<sockaddr_in*>(result->ai_addr);
+  freeaddrinfo(result);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  return addr;
+}
+
+// Waits until fd is ready for `events` or the deadline passes. Returns revents (0 on timeout).
+short wait_fd(int fd, short events, Deadline deadline) {
+  while (true) {
+    pollfd pfd{fd, events, 0};
+    int rc = ::poll(&pfd, 1, std::min(millis_until(deadline), 100));
+    if (rc > 0) return pfd.revents;
+    if (rc < 0 && errno != EINTR) SYS_CHECK(rc);
+    if (Clock::now() >= deadline) return 0;
+  }
+}
+
+}  // namespace
+
+Socket::~Socket() { close(); }
+
+Socket& Socket::operator=(Socket&& other) noexcept {
+  if (this != &other) {
+    close();
+    fd_ = other.fd_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+void Socket::close() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+void Socket::shutdown() const {
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+}
+
+Socket Socket::listen(const std::string& host, int port, const std::string& port_hint) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  SYS_CHECK(fd);
+  Socket sock(fd);
+  int one = 1;
+  SYS_CHECK(setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = host.empty() || host == "0.0.0.0" ? htonl(INADDR_ANY)
+                                                           : resolve(host, port).sin_addr.s_addr;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    int err = errno;
+    if (err == EADDRINUSE) {
+      throw CommError(detail::concat(
+          "port ", port, " is already in use on ", local_hostname(),
+          " (another job, or a previous run that has not exited yet); ",
+          port_hint.empty() ? std::string("choose another port")
+                            : "set " + port_hint + " to a free port",
+          ", e.g. one printed by `python3 -c 'import socket; s=socket.socket(); s.bind((\"\",0)); "
+          "print(s.getsockname()[1])'`"));
+    }
+    throw CommError(detail::concat("cannot bind ", host.empty() ? "*" : host, ":", port, ": ",
+                                   std::strerror(err)));
+  }
+  SYS_CHECK(::listen(fd, 128));
+  return sock;
+}
+
+Socket Socket::connect(const std::string& host, int port, Deadline deadline) {
+  sockaddr_in addr = resolve(host, port);
+  std::string last_error = "timed out";
+  auto backoff = std::chrono::milliseconds(5);
+  while (true) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    SYS_CHECK(fd);
+    Socket sock(fd);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+      int one = 1;
+      SYS_CHECK(setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)));
+      return sock;
+    }
+    last_error = std::strerror(errno);
+    if (Clock::now() + backoff >= deadline) break;
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
+  }
+  throw CommTimeoutError(detail::concat("cannot connect to ", host, ":", port, " (", last_error,
+                                        "): is the master (rank 0) running and is the address "
+                                        "reachable from ", local_hostname(), "?"));
+}
+
+Socket Socket::accept(Deadline deadline) const {
+  if (wait_fd(fd_, POLLIN, deadline) == 0) {
+    throw CommTimeoutError(detail::concat("timed out waiting for a connection on port ",
+                                          local_port()));
+  }
+  int fd = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+  SYS_CHECK(fd);
+  int one = 1;
+  SYS_CHECK(setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)));
+  return Socket(fd);
+}
+
+int Socket::local_port() const {
+  sockaddr_in addr{};
+  socklen_t len = sizeof(addr);
+  SYS_CHECK(getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len));
+  return ntohs(addr.sin_port);
+}
+
+std::string Socket::local_address() const {
+  sockaddr_in addr{};
+  socklen_t len = sizeof(addr);
+  SYS_CHECK(getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len));
+  char text[INET_ADDRSTRLEN] = {};
+  inet_ntop(AF_INET, &addr.sin_addr, text, sizeof(text));
+  return text;
+}
+
+void Socket::set_nonblocking(bool on) const {
+  int flags = fcntl(fd_, F_GETFL, 0);
+  SYS_CHECK(flags);
+  SYS_CHECK(fcntl(fd_, F_SETFL, on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK)));
+}
+
+void Socket::set_buffer_sizes(int bytes) const {
+  SYS_CHECK(setsockopt(fd_, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes)));
+  SYS_CHECK(setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes)));
+}
+
+void Socket::send_all(const void* data, size_t nbytes, Deadline deadline) const {
+  auto* bytes = static_cast<const char*>(data);
+  while (nbytes > 0) {
+    ssize_t n = ::send(fd_, bytes, nbytes, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      bytes += n;
+      nbytes -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+      if (wait_fd(fd_, POLLOUT, deadline) == 0) throw CommTimeoutError("timed out sending");
+      continue;
+    }
+    if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) throw SocketClosed("connection closed");
+    SYS_CHECK(n);
+  }
+}
+
+void Socket::recv_all(void* data, size_t nbytes, Deadline deadline) const {
+  auto* bytes = static_cast<char*>(data);
+  while (nbytes > 0) {
+    ssize_t n = ::recv(fd_, bytes, nbytes, MSG_DONTWAIT);
+    if (n > 0) {
+      bytes += n;
+      nbytes -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) throw SocketClosed("connection closed");
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+      if (wait_fd(fd_, POLLIN, deadline) == 0) throw CommTimeoutError("timed out receiving");
+      continue;
+    }
+    if (errno == ECONNRESET) throw SocketClosed("connection reset");
+    SYS_CHECK(n);
+  }
+}
+
+bool Socket::peer_closed() const {
+  if (fd_ < 0) return true;
+  pollfd pfd{fd_, POLLIN, 0};
+  if (::poll(&pfd, 1, 0) <= 0) return false;
+  if (pfd.revents & (POLLERR | POLLHUP | POLLNVAL)) return true;
+  char byte;
+  ssize_t n = ::recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+std::string local_hostname() {
+  char name[256] = {};
+  SYS_CHECK(gethostname(name, sizeof(name) - 1));
+  return name;
+}
+
+std::string host_identity() {
+  std::string boot_id;
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::getline(in, boot_id);
+  return local_hostname() + "/" + boot_id;
+}
+
+}  // namespace ringtrain::comm

@@ -1,0 +1,71 @@
+// socket.h: an owned TCP socket and the few blocking helpers the store and the
+// TCP transport need.
+//
+// defines: Socket (RAII over one file descriptor, move-only), host_address
+//          helpers, send_all/recv_all with a deadline.
+//
+// Every blocking call takes a Deadline and polls in short slices, so nothing
+// here waits forever: a missing peer becomes a CommTimeoutError, a closed one a
+// SocketClosed (which the process group turns into a PeerLostError naming the
+// rank, because only it knows which rank sits behind the descriptor).
+#pragma once
+
+#include <string>
+
+#include "comm/types.h"
+
+namespace ringtrain::comm {
+
+// The other end closed the connection (EOF or ECONNRESET/EPIPE).
+class SocketClosed : public CommError {
+ public:
+  using CommError::CommError;
+};
+
+class Socket {
+ public:
+  Socket() = default;
+  explicit Socket(int fd) : fd_(fd) {}
+  ~Socket();
+  Socket(Socket&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  Socket& operator=(Socket&& other) noexcept;
+  Socket(const Socket&) = delete;
+  Socket& operator=(const Socket&) = delete;
+
+  // Binds host:port (port 0: any free port) and listens. When the port is taken
+  // the error says so and names `port_hint` (e.g. "MASTER_PORT") as the fix.
+  static Socket listen(const std::string& host, int port, const std::string& port_hint = "");
+  // Connects to host:port, retrying "connection refused" until `deadline` (the
+  // server may not be up yet). Sets TCP_NODELAY.
+  static Socket connect(const std::string& host, int port, Deadline deadline);
+  // Waits for one connection until `deadline`.
+  Socket accept(Deadline deadline) const;
+
+  int fd() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int local_port() const;
+  // The local IP address of a connected socket: the address peers can reach us on
+  // through the same interface.
+  std::string local_address() const;
+  void set_nonblocking(bool on) const;
+  void set_buffer_sizes(int bytes) const;
+
+  void send_all(const void* data, size_t nbytes, Deadline deadline) const;
+  void recv_all(void* data, size_t nbytes, Deadline deadline) const;
+  // Non-blocking: true when the peer closed its end (EOF or error) and no data is waiting.
+  bool peer_closed() const;
+  // Wakes any thread blocked on this socket (shutdown(2)); the descriptor stays owned.
+  void shutdown() const;
+  void close();
+
+ private:
+  int fd_ = -1;
+};
+
+// This machine's name (gethostname).
+std::string local_hostname();
+// Identifies the machine, not only its name: hostname + kernel boot id. Two ranks
+// with the same host_identity can share memory.
+std::string host_identity();
+
+}  // namespace ringtrain::comm

@@ -1,0 +1,280 @@
+#include "comm/store.h"
+
+#include <poll.h>
+
+#include <cstring>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+namespace ringtrain::comm {
+
+using nlohmann::json;
+
+namespace {
+
+// How long one blocking socket operation of the store protocol may take when the
+// caller gave no tighter bound.
+constexpr auto kIoTimeout = std::chrono::seconds(60);
+
+void write_message(const Socket& socket, const json& message, Deadline deadline) {
+  std::vector<uint8_t> body = json::to_msgpack(message);
+  RT_CHECK(body.size() <= kMaxStoreMessageBytes, "store: message of ", body.size(),
+           " bytes exceeds the limit of ", kMaxStoreMessageBytes, " bytes");
+  uint32_t length = static_cast<uint32_t>(body.size());
+  uint8_t header[4] = {static_cast<uint8_t>(length), static_cast<uint8_t>(length >> 8),
+                       static_cast<uint8_t>(length >> 16), static_cast<uint8_t>(length >> 24)};
+  socket.send_all(header, 4, deadline);
+  socket.send_all(body.data(), body.size(), deadline);
+}
+
+// Reads one framed message; throws CommError for oversized or malformed ones.
+json read_message(const Socket& socket, Deadline deadline) {
+  uint8_t header[4];
+  socket.recv_all(header, 4, deadline);
+  uint32_t length = header[0] | (header[1] << 8) | (header[2] << 16) |
+                    (static_cast<uint32_t>(header[3]) << 24);
+  if (length > kMaxStoreMessageBytes) {
+    throw CommError(detail::concat("store: message of ", length, " bytes exceeds the limit of ",
+                                   kMaxStoreMessageBytes, " bytes (malformed or not a ringtrain client)"));
+  }
+  std::vector<uint8_t> body(length);
+  socket.recv_all(body.data(), length, deadline);
+  json message = json::from_msgpack(body, /*strict=*/true, /*allow_exceptions=*/false);
+  if (message.is_discarded() || !message.is_object() || !message.contains("op")) {
+    if (!message.is_discarded() && message.is_object() && message.contains("ok")) return message;
+    throw CommError("store: malformed message (not a MessagePack map with an \"op\")");
+  }
+  return message;
+}
+
+json binary_value(const std::string& value) {
+  return json::binary(std::vector<uint8_t>(value.begin(), value.end()));
+}
+
+std::string string_value(const json& value) {
+  const auto& bytes = value.get_binary();
+  return std::string(bytes.begin(), bytes.end());
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- server
+
+StoreServer::StoreServer(const std::string& host, int port, std::string token,
+                         const std::string& port_hint)
+    : listener_(Socket::listen(host, port, port_hint)), token_(std::move(token)) {
+  port_ = listener_.local_port();
+  accept_thread_ = std::thread([this] { accept_loop(); });
+}
+
+StoreServer::~StoreServer() {
+  stopping_ = true;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& client : clients_) client->shutdown();
+    changed_.notify_all();
+  }
+  listener_.shutdown();
+  if (accept_thread_.joinable()) accept_thread_.join();
+  for (auto& thread : client_threads_) thread.join();
+}
+
+void StoreServer::accept_loop() {
+  while (!stopping_) {
+    pollfd pfd{listener_.fd(), POLLIN, 0};
+    int rc = ::poll(&pfd, 1, 100);
+    if (rc <= 0 || stopping_) continue;
+    if (pfd.revents & (POLLERR | POLLHUP | POLLNVAL)) break;
+    try {
+      Socket client = listener_.accept(Clock::now() + std::chrono::seconds(1));
+      std::lock_guard<std::mutex> lock(mutex_);
+      clients_.push_back(std::make_unique<Socket>(std::move(client)));
+      int index = static_cast<int>(clients_.size()) - 1;
+      client_threads_.emplace_back([this, index] { serve(index); });
+    } catch (const std::exception&) {
+      // a connection that vanished between poll and accept: nothing to serve
+    }
+  }
+}
+
+void StoreServer::serve(int client_index) {
+  Socket* socket;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    socket = clients_[client_index].get();
+  }
+  auto reject = [&](const std::string& why) {
+    ++rejected_;
+    try {
+      write_message(*socket, json{{"ok", false}, {"error", why}},
+                    Clock::now() + std::chrono::seconds(1));
+    } catch (const std::exception&) {
+    }
+    socket->shutdown();
+  };
+  bool greeted = false;
+  while (!stopping_) {
+    json message;
+    try {
+      // Idle clients are normal (a rank between rendezvous steps): wait in slices.
+      pollfd pfd{socket->fd(), POLLIN, 0};
+      int rc = ::poll(&pfd, 1, 200);
+      if (rc == 0) continue;
+      if (rc < 0) return;
+      message = read_message(*socket, Clock::now() + kIoTimeout);
+    } catch (const SocketClosed&) {
+      return;
+    } catch (const std::exception& e) {
+      if (stopping_) return;
+      reject(e.what());
+      return;
+    }
+    try {
+      const std::string op = message.at("op").get<std::string>();
+      if (!greeted) {
+        if (op != "hello" || !message.contains("token") ||
+            message["token"].get<std::string>() != token_) {
+          reject("store: connection refused: wrong or missing job token (is this process part "
+                 "of this job? set RINGTRAIN_JOB_TOKEN to the same value on every rank)");
+          return;
+        }
+        greeted = true;
+        write_message(*socket, json{{"ok", true}}, Clock::now() + kIoTimeout);
+        continue;
+      }
+      const std::string key = message.at("key").get<std::string>();
+      json reply{{"ok", true}};
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (op == "set") {
+        data_[key] = string_value(message.at("value"));
+        changed_.notify_all();
+      } else if (op == "get") {
+        auto timeout = std::chrono::milliseconds(message.at("timeout_ms").get<int64_t>());
+        bool found = changed_.wait_for(lock, timeout, [&] {
+          return stopping_ || data_.count(key) > 0;
+        });
+        if (found && data_.count(key)) {
+          reply["value"] = binary_value(data_[key]);
+        } else {
+          reply["found"] = false;
+        }
+      } else if (op == "try_get") {
+        auto it = data_.find(key);
+        if (it != data_.end()) reply["value"] = binary_value(it->second);
+        else reply["found"] = false;
+      } else if (op == "add") {
+        int64_t value = 0;
+        auto it = data_.find(key);
+        if (it != data_.end()) value = std::stoll(it->second);
+        value += message.at("number").get<int64_t>();
+        data_[key] = std::to_string(value);
+        reply["number"] = value;
+        changed_.notify_all();
+      } else if (op == "remove") {
+        data_.erase(key);
+      } else {
+        lock.unlock();
+        reject("store: unknown op '" + op + "'");
+        return;
+      }
+      lock.unlock();
+      write_message(*socket, reply, Clock::now() + kIoTimeout);
+    } catch (const SocketClosed&) {
+      return;
+    } catch (const std::exception& e) {
+      reject(std::string("store: malformed request: ") + e.what());
+      return;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- client
+
+Store::Store(const std::string& host, int port, const std::string& token,
+             std::chrono::milliseconds connect_timeout)
+    : host_(host), port_(port) {
+  Deadline deadline = Clock::now() + connect_timeout;
+  socket_ = Socket::connect(host, port, deadline);
+  write_message(socket_, json{{"op", "hello"}, {"token", token}}, deadline);
+  json reply;
+  try {
+    reply = read_message(socket_, deadline);
+  } catch (const SocketClosed&) {
+    throw CommError(detail::concat("store at ", host, ":", port,
+                                   " closed the connection during the handshake"));
+  }
+  if (!reply.value("ok", false)) {
+    throw CommError(detail::concat("store at ", host, ":", port, " refused this rank: ",
+                                   reply.value("error", std::string("no reason given"))));
+  }
+}
+
+std::string Store::request(const std::string& op, const std::string& key,
+                           const std::string& value, int64_t number,
+                           std::chrono::milliseconds timeout, bool* found) {
+  json message{{"op", op}, {"key", key}};
+  if (op == "set") message["value"] = binary_value(value);
+  if (op == "add") message["number"] = number;
+  if (op == "get") message["timeout_ms"] = timeout.count();
+  std::lock_guard<std::mutex> lock(mutex_);
+  Deadline deadline = Clock::now() + timeout + kIoTimeout;
+  json reply;
+  try {
+    write_message(socket_, message, deadline);
+    reply = read_message(socket_, deadline);
+  } catch (const SocketClosed&) {
+    throw SocketClosed(detail::concat("the store at ", host_, ":", port_,
+                                      " (run by rank 0) closed the connection: rank 0 has exited"));
+  }
+  if (!reply.value("ok", false)) {
+    throw CommError(detail::concat("store ", op, " '", key, "' failed: ",
+                                   reply.value("error", std::string("no reason given"))));
+  }
+  if (found) *found = reply.contains("value");
+  if (op == "add") return std::to_string(reply.at("number").get<int64_t>());
+  if (reply.contains("value")) return string_value(reply["value"]);
+  return {};
+}
+
+void Store::set(const std::string& key, const std::string& value) {
+  request("set", key, value, 0, std::chrono::milliseconds(0), nullptr);
+}
+
+std::string Store::get(const std::string& key, std::chrono::milliseconds timeout) {
+  bool found = false;
+  std::string value = request("get", key, "", 0, timeout, &found);
+  if (!found) {
+    throw CommTimeoutError(detail::concat("store: key '", key, "' did not appear within ",
+                                          timeout.count(), " ms"));
+  }
+  return value;
+}
+
+std::optional<std::string> Store::try_get(const std::string& key) {
+  bool found = false;
+  std::string value = request("try_get", key, "", 0, std::chrono::milliseconds(0), &found);
+  if (!found) return std::nullopt;
+  return value;
+}
+
+int64_t Store::add(const std::string& key, int64_t delta) {
+  return std::stoll(request("add", key, "", delta, std::chrono::milliseconds(0), nullptr));
+}
+
+void Store::remove(const std::string& key) {
+  request("remove", key, "", 0, std::chrono::milliseconds(0), nullptr);
+}
+
+void Store::wait_at_least(const std::string& key, int64_t value,
+                          std::chrono::milliseconds timeout) {
+  Deadline deadline = Clock::now() + timeout;
+  while (add(key, 0) < value) {
+    if (Clock::now() >= deadline) {
+      throw CommTimeoutError(detail::concat("store: counter '", key, "' did not reach ", value,
+                                            " within ", timeout.count(), " ms"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+}  // namespace ringtrain::comm

@@ -1,0 +1,104 @@
+// store.h: the TCP key-value store that ranks meet through (rendezvous).
+//
+// defines: StoreServer (runs on rank 0, one thread per client), Store (the
+//          client every rank holds), kMaxStoreMessageBytes.
+//
+// What goes through it: each rank's listening address and host identity (so
+// the ring backend can build its TCP mesh and decide shared memory vs TCP),
+// the NCCL unique id, sub-group membership, the debug-mode collective
+// signatures, the errors ranks publish when they fail, and the shutdown count.
+// It is never on the data path of a collective.
+//
+// Wire format: every message is a 4-byte little-endian length followed by a
+// MessagePack map (nlohmann-json's to_msgpack/from_msgpack, no hand parser).
+// The first message of a connection must be {"op":"hello","token":...} with the
+// job's token; anything else, a wrong token, a message over
+// kMaxStoreMessageBytes, or bytes that are not MessagePack make the server
+// answer with an error naming the problem and close that connection. The token
+// keeps a stray process (another job on the same port, a port scanner) from
+// joining; it is not a security boundary.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/socket.h"
+
+namespace ringtrain::comm {
+
+inline constexpr size_t kMaxStoreMessageBytes = 64u << 20;
+
+class StoreServer {
+ public:
+  // Listens on host:port (port 0 = any). port_hint names the setting to change when
+  // the port is taken (e.g. "MASTER_PORT").
+  StoreServer(const std::string& host, int port, std::string token,
+              const std::string& port_hint = "MASTER_PORT");
+  ~StoreServer();  // stops accepting, wakes and joins every client thread
+  StoreServer(const StoreServer&) = delete;
+  StoreServer& operator=(const StoreServer&) = delete;
+
+  int port() const { return port_; }
+  // Connections refused so far (bad token, malformed or oversized message); for tests.
+  int rejected_connections() const { return rejected_.load(); }
+
+ private:
+  void accept_loop();
+  void serve(int client_index);
+
+  Socket listener_;
+  std::string token_;
+  int port_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int> rejected_{0};
+  std::mutex mutex_;               // guards data_, clients_
+  std::condition_variable changed_;  // notified on every set/add/stop
+  std::map<std::string, std::string> data_;
+  std::vector<std::unique_ptr<Socket>> clients_;
+  std::vector<std::thread> client_threads_;
+  std::thread accept_thread_;
+};
+
+class Store {
+ public:
+  // Connects (retrying until connect_timeout: the server may start later) and
+  // presents the token. Throws CommError if the server rejects it.
+  Store(const std::string& host, int port, const std::string& token,
+        std::chrono::milliseconds connect_timeout = std::chrono::seconds(60));
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  void set(const std::string& key, const std::string& value);
+  // Blocks until the key exists; throws CommTimeoutError naming the key after `timeout`.
+  std::string get(const std::string& key, std::chrono::milliseconds timeout);
+  std::optional<std::string> try_get(const std::string& key);
+  // Atomically adds delta to the integer under key (0 when absent); returns the new value.
+  int64_t add(const std::string& key, int64_t delta);
+  void remove(const std::string& key);
+  // Blocks until the integer under key is >= value (polling add(key, 0)).
+  void wait_at_least(const std::string& key, int64_t value, std::chrono::milliseconds timeout);
+
+  const std::string& host() const { return host_; }
+  int port() const { return port_; }
+  // The address of this host as seen on the connection to the store: where peers can reach us.
+  std::string local_address() const { return socket_.local_address(); }
+
+ private:
+  std::string request(const std::string& op, const std::string& key, const std::string& value,
+                      int64_t number, std::chrono::milliseconds timeout, bool* found);
+
+  std::string host_;
+  int port_;
+  std::mutex mutex_;  // one request at a time on the connection
+  Socket socket_;
+};
+
+}  // namespace ringtrain::comm

@@ -1,0 +1,126 @@
+// transport.h: how the ring backend moves bytes between two ranks.
+//
+// defines: RecvSink, Transport (one peer's byte pipe, non-blocking halves),
+//          TcpTransport / ShmTransport (made by make_tcp_transport /
+//          make_shm_transport), PeerMesh (a connection to every other member
+//          of a group and the exchange() loop the algorithms are written in).
+//
+// A Transport is a pair of ordered byte streams (to and from one peer). It
+// never blocks: try_send pushes what fits, try_recv hands what has arrived to a
+// RecvSink. The sink sees the message in order, in pieces whose sizes are
+// multiples of 8 bytes except the last one, so a sink can reduce whole elements
+// straight out of the transport's buffer (the shared-memory slot itself: no
+// extra copy on that path).
+//
+// PeerMesh::exchange(send to A, receive from B) drives both halves until both
+// are done; it is the only blocking primitive the ring algorithms use, so the
+// ring can send to next while it receives from prev without deadlock. While it
+// waits it checks the deadline and whether the peers it waits on are still
+// alive (their TCP socket: a process that dies has its sockets closed by the
+// kernel, even a kill -9), and throws PeerLostError naming the rank.
+//
+// Choice of transport per peer ("auto"): ShmTransport when both ranks have the
+// same host_identity() (hostname + boot id), TcpTransport otherwise. The TCP
+// mesh is built in either case: it carries the handshake (job token) and is the
+// liveness signal for shared-memory peers.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/socket.h"
+#include "comm/store.h"
+
+namespace ringtrain::comm {
+
+// Called with consecutive pieces of the message being received.
+using RecvSink = std::function<void(const void* piece, size_t offset, size_t nbytes)>;
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  // Pushes a prefix of [data, data + nbytes) that fits now; returns its length (may be 0).
+  virtual size_t try_send(const void* data, size_t nbytes) = 0;
+  // Receives what has arrived of the current message, at most `remaining` bytes, and
+  // hands it to sink with offsets starting at `offset`. Returns the bytes handed over.
+  virtual size_t try_recv(size_t offset, size_t remaining, const RecvSink& sink) = 0;
+  // A descriptor to poll() while waiting, or -1 (shared memory: spin, then yield).
+  virtual int poll_fd() const { return -1; }
+  virtual const char* kind() const = 0;
+};
+
+// TCP: the peer's mesh socket carries the data (non-blocking send/recv).
+std::unique_ptr<Transport> make_tcp_transport(const Socket& socket);
+
+// Shared memory on one host: one segment per receiving rank, holding a ring of
+// slots per local sender. See shm_transport.cc.
+class ShmSegment;
+struct ShmLayout {
+  size_t slot_bytes = 256 << 10;  // multiple of 64; RINGTRAIN_SHM_SLOT_BYTES
+  int slots = 8;                  // RINGTRAIN_SHM_SLOTS
+  int channels = 1;               // local ranks (one channel per local sender)
+  size_t channel_bytes() const;
+  size_t segment_bytes() const { return channel_bytes() * channels; }
+  static ShmLayout from_env(int channels);
+};
+std::shared_ptr<ShmSegment> create_shm_segment(const std::string& name, const ShmLayout& layout);
+std::shared_ptr<ShmSegment> open_shm_segment(const std::string& name, const ShmLayout& layout);
+void unlink_shm_segment(const std::string& name);
+// inbox: this rank's own segment, channel `peer_local` (the peer writes there);
+// outbox: the peer's segment, channel `my_local` (we write there).
+std::unique_ptr<Transport> make_shm_transport(std::shared_ptr<ShmSegment> inbox, int peer_local,
+                                              std::shared_ptr<ShmSegment> outbox, int my_local,
+                                              const ShmLayout& layout);
+
+class PeerMesh {
+ public:
+  // Collective over the group: listens, publishes its address in the store,
+  // connects to every member (token-checked handshake), and maps shared memory
+  // with the members on this host. `transport`: "auto", "tcp" or "shm".
+  PeerMesh(Store& store, const std::string& prefix, int rank, int size,
+           const std::vector<int>& world_ranks, const std::string& token,
+           const std::string& transport, Deadline deadline);
+  ~PeerMesh();
+  PeerMesh(const PeerMesh&) = delete;
+  PeerMesh& operator=(const PeerMesh&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // Sends send_bytes to send_peer while receiving recv_bytes from recv_peer into
+  // sink. A peer of -1 (or 0 bytes) means that half is idle. Throws PeerLostError
+  // (naming the world rank) or CommTimeoutError.
+  void exchange(int send_peer, const void* send_data, size_t send_bytes, int recv_peer,
+                size_t recv_bytes, const RecvSink& sink, Deadline deadline);
+  void send(int peer, const void* data, size_t nbytes, Deadline deadline) {
+    exchange(peer, data, nbytes, -1, 0, nullptr, deadline);
+  }
+  // Receives straight into dst.
+  void recv(int peer, void* dst, size_t nbytes, Deadline deadline);
+
+  // "shm" or "tcp": what carries the bytes to `peer`.
+  const char* transport_kind(int peer) const;
+  // Shuts every socket and flags the shared-memory loops: every blocked exchange,
+  // here and on the peers, fails promptly.
+  void close();
+
+ private:
+  struct Peer {
+    Socket socket;                         // TCP mesh connection (data or liveness)
+    std::unique_ptr<Transport> transport;  // what exchange() moves bytes with
+    int world_rank = -1;
+  };
+  [[noreturn]] void lost(int peer, const char* what) const;
+  int wait_for_progress(int send_peer, int recv_peer, uint64_t idle_rounds, Deadline deadline);
+
+  int rank_;
+  int size_;
+  std::vector<Peer> peers_;  // indexed by group rank; peers_[rank_] unused
+  std::vector<std::shared_ptr<ShmSegment>> segments_;  // keeps mappings alive
+  std::atomic<bool> closed_{false};
+};
+
+}  // namespace ringtrain::comm

@@ -1,0 +1,331 @@
+// Multi-rank tests of every collective, dtype and size against a naive reference.
+// Run under a launcher (label mpi):
+//   mpirun -np 3 --oversubscribe --allow-run-as-root comm_collectives_test --backend ring
+//   ringrun --nproc-per-node 3 comm_collectives_test --backend ring
+// Every rank runs every test in the same order; checks use EXPECT (never ASSERT
+// inside a loop), so a wrong value on one rank never desynchronizes the
+// collective sequence. Any failure on any rank makes that rank exit non-zero,
+// and the launcher reports it.
+//
+// Inputs are small integers (value(rank, i) in [-3, 3]) so sums, products and
+// extrema are exact in every dtype including bf16; averages are compared with a
+// tolerance of the dtype's precision.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/cuda_staging.h"
+#include "comm/init.h"
+#include "tensor/cuda/runtime.h"
+#include "tensor/storage.h"
+
+namespace ringtrain::comm {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::shared_ptr<ProcessGroup> g_pg;
+std::string g_backend = "ring";
+
+// Primes, 0 and 1, sizes not divisible by 2, 3 or 4 ranks, and sizes on both sides
+// of the ring backend's latency threshold (16 KiB).
+const size_t kSizes[] = {0, 1, 2, 7, 13, 1021, 8191, 65537};
+const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin,
+                         ReduceOp::kProd};
+
+double value(int rank, size_t i, int salt) {
+  return static_cast<double>((rank * 7 + static_cast<int64_t>(i) * 13 + salt) % 7) - 3.0;
+}
+
+// A typed buffer filled from value(); read back as doubles.
+class Buffer {
+ public:
+  Buffer(DType dtype, size_t count) : dtype_(dtype), count_(count), bytes_(count * dtype_size(dtype) + 8) {}
+  void fill(int rank, int salt) {
+    for (size_t i = 0; i < count_; ++i) set(i, value(rank, i, salt));
+  }
+  void set(size_t i, double v) {
+    dispatch_dtype(dtype_, [&](auto tag) {
+      using T = decltype(tag);
+      reinterpret_cast<T*>(bytes_.data())[i] = T(static_cast<typename ComputeType<T>::type>(v));
+    });
+  }
+  double get(size_t i) const {
+    return dispatch_dtype(dtype_, [&](auto tag) {
+      using T = decltype(tag);
+      using C = typename ComputeType<T>::type;
+      return static_cast<double>(static_cast<C>(reinterpret_cast<const T*>(bytes_.data())[i]));
+    });
+  }
+  BufferRef ref() { return {bytes_.data(), count_, dtype_, Device::cpu()}; }
+
+ private:
+  DType dtype_;
+  size_t count_;
+  std::vector<char> bytes_;
+};
+
+// The reduction over all ranks of value(r, i, salt), as the dtype would store it.
+double reference(ReduceOp op, DType dtype, int n, size_t i, int salt) {
+  double acc = value(0, i, salt);
+  for (int r = 1; r < n; ++r) {
+    double v = value(r, i, salt);
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAvg: acc += v; break;
+      case ReduceOp::kProd: acc *= v; break;
+      case ReduceOp::kMax: acc = std::max(acc, v); break;
+      case ReduceOp::kMin: acc = std::min(acc, v); break;
+    }
+  }
+  if (op == ReduceOp::kAvg) {
+    if (dtype == DType::kInt32 || dtype == DType::kInt64) return static_cast<double>(static_cast<int64_t>(acc) / n);
+    return acc / n;
+  }
+  return acc;
+}
+
+double tolerance(ReduceOp op, DType dtype) {
+  if (op != ReduceOp::kAvg) return 0.0;
+  switch (dtype) {
+    case DType::kFloat16: return 4e-3;
+    case DType::kBFloat16: return 2e-2;
+    case DType::kFloat32: return 1e-6;
+    case DType::kFloat64: return 1e-12;
+    default: return 0.0;
+  }
+}
+
+// Counts mismatches and reports the first few with context.
+struct Checker {
+  std::string what;
+  int reported = 0;
+  void check(double got, double want, double tol, size_t i) {
+    if (std::abs(got - want) <= tol * std::max(1.0, std::abs(want))) return;
+    if (reported++ < 3) {
+      ADD_FAILURE() << what << " on rank " << g_pg->rank() << " element " << i << ": got " << got
+                    << ", want " << want;
+    }
+  }
+};
+
+class Collectives : public ::testing::TestWithParam<DType> {};
+
+TEST_P(Collectives, AllreduceEveryOpAndSize) {
+  const DType dtype = GetParam();
+  const int n = g_pg->size();
+  for (ReduceOp op : kOps) {
+    for (size_t count : kSizes) {
+      Buffer buffer(dtype, count);
+      buffer.fill(g_pg->rank(), 1);
+      g_pg->allreduce(buffer.ref(), op).wait();
+      Checker checker{"allreduce " + std::string(reduce_op_name(op)) + " count " + std::to_string(count)};
+      for (size_t i = 0; i < count; ++i) checker.check(buffer.get(i), reference(op, dtype, n, i, 1), tolerance(op, dtype), i);
+    }
+  }
+}
+
+TEST_P(Collectives, BroadcastFromEveryRoot) {
+  const DType dtype = GetParam();
+  for (int root = 0; root < g_pg->size(); ++root) {
+    for (size_t count : kSizes) {
+      Buffer buffer(dtype, count);
+      buffer.fill(g_pg->rank(), 2);
+      g_pg->broadcast(buffer.ref(), root).wait();
+      Checker checker{"broadcast root " + std::to_string(root) + " count " + std::to_string(count)};
+      for (size_t i = 0; i < count; ++i) checker.check(buffer.get(i), value(root, i, 2), 0, i);
+    }
+  }
+}
+
+TEST_P(Collectives, ReduceToEveryRoot) {
+  const DType dtype = GetParam();
+  const int n = g_pg->size();
+  for (ReduceOp op : kOps) {
+    for (size_t count : kSizes) {
+      const int root = static_cast<int>(count % n);
+      Buffer buffer(dtype, count);
+      buffer.fill(g_pg->rank(), 3);
+      g_pg->reduce(buffer.ref(), root, op).wait();
+      if (g_pg->rank() != root) continue;
+      Checker checker{"reduce " + std::string(reduce_op_name(op)) + " to " + std::to_string(root)};
+      for (size_t i = 0; i < count; ++i) checker.check(buffer.get(i), reference(op, dtype, n, i, 3), tolerance(op, dtype), i);
+    }
+  }
+}
+
+TEST_P(Collectives, Allgather) {
+  const DType dtype = GetParam();
+  const int n = g_pg->size();
+  for (size_t count : kSizes) {
+    Buffer input(dtype, count);
+    input.fill(g_pg->rank(), 4);
+    Buffer output(dtype, count * n);
+    g_pg->allgather(input.ref(), output.ref()).wait();
+    Checker checker{"allgather count " + std::to_string(count)};
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < count; ++i) checker.check(output.get(r * count + i), value(r, i, 4), 0, i);
+    }
+  }
+}
+
+TEST_P(Collectives, ReduceScatter) {
+  const DType dtype = GetParam();
+  const int n = g_pg->size();
+  for (ReduceOp op : kOps) {
+    for (size_t count : kSizes) {
+      Buffer input(dtype, count * n);
+      input.fill(g_pg->rank(), 5);
+      Buffer output(dtype, count);
+      g_pg->reduce_scatter(input.ref(), output.ref(), op).wait();
+      Checker checker{"reduce_scatter " + std::string(reduce_op_name(op)) + " count " + std::to_string(count)};
+      const size_t base = g_pg->rank() * count;
+      for (size_t i = 0; i < count; ++i) {
+        checker.check(output.get(i), reference(op, dtype, n, base + i, 5), tolerance(op, dtype), i);
+      }
+      // the input is left alone
+      for (size_t i = 0; i < count * n; ++i) checker.check(input.get(i), value(g_pg->rank(), i, 5), 0, i);
+    }
+  }
+}
+
+TEST_P(Collectives, AllToAll) {
+  const DType dtype = GetParam();
+  const int n = g_pg->size();
+  for (size_t block : kSizes) {
+    Buffer input(dtype, block * n);
+    Buffer output(dtype, block * n);
+    for (int to = 0; to < n; ++to) {
+      for (size_t i = 0; i < block; ++i) input.set(to * block + i, value(g_pg->rank(), i, to));
+    }
+    g_pg->all_to_all(input.ref(), output.ref()).wait();
+    Checker checker{"all_to_all block " + std::to_string(block)};
+    for (int from = 0; from < n; ++from) {
+      for (size_t i = 0; i < block; ++i) checker.check(output.get(from * block + i), value(from, i, g_pg->rank()), 0, i);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllDTypes, Collectives, ::testing::ValuesIn(kAllDTypes),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+TEST(CollectivesLarge, Allreduce64MiB) {
+  const size_t count = (64u << 20) / sizeof(float);
+  std::vector<float> data(count);
+  for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>(value(g_pg->rank(), i, 6));
+  g_pg->allreduce({data.data(), count, DType::kFloat32}, ReduceOp::kSum).wait();
+  Checker checker{"allreduce 64 MiB"};
+  for (size_t i = 0; i < count; ++i) {
+    checker.check(data[i], reference(ReduceOp::kSum, DType::kFloat32, g_pg->size(), i, 6), 0, i);
+  }
+}
+
+TEST(PointToPoint, SendRecvAroundTheRing) {
+  const int n = g_pg->size();
+  const int r = g_pg->rank();
+  for (size_t count : {size_t{1}, size_t{1021}, size_t{300000}}) {
+    std::vector<int32_t> out(count, r * 100), in(count, -1);
+    // even ranks send first, odd ranks receive first: no pair waits on each other
+    Work send_work, recv_work;
+    if (r % 2 == 0) {
+      send_work = g_pg->send({out.data(), count, DType::kInt32}, (r + 1) % n, 7);
+      recv_work = g_pg->recv({in.data(), count, DType::kInt32}, (r - 1 + n) % n, 7);
+    } else {
+      recv_work = g_pg->recv({in.data(), count, DType::kInt32}, (r - 1 + n) % n, 7);
+      send_work = g_pg->send({out.data(), count, DType::kInt32}, (r + 1) % n, 7);
+    }
+    send_work.wait();
+    recv_work.wait();
+    EXPECT_EQ(in.front(), ((r - 1 + n) % n) * 100);
+    EXPECT_EQ(in.back(), ((r - 1 + n) % n) * 100);
+  }
+}
+
+TEST(Work, ManyInFlightCompleteInOrder) {
+  std::vector<std::vector<double>> buffers(8, std::vector<double>(5000));
+  std::vector<Work> works;
+  for (size_t b = 0; b < buffers.size(); ++b) {
+    std::fill(buffers[b].begin(), buffers[b].end(), static_cast<double>(b + g_pg->rank()));
+    works.push_back(g_pg->allreduce({buffers[b].data(), buffers[b].size(), DType::kFloat64}));
+  }
+  for (auto& w : works) w.wait();
+  const int n = g_pg->size();
+  for (size_t b = 0; b < buffers.size(); ++b) {
+    EXPECT_EQ(buffers[b][4999], static_cast<double>(n * b + n * (n - 1) / 2));
+    EXPECT_TRUE(works[b].is_completed());
+  }
+}
+
+TEST(Work, WaitWithTimeoutThrowsThenSucceeds) {
+  float x = 1.0f;
+  if (g_pg->rank() != 0) std::this_thread::sleep_for(300ms);
+  Work work = g_pg->allreduce({&x, 1, DType::kFloat32});
+  if (g_pg->rank() == 0) {
+    EXPECT_THROW(work.wait(20ms), CommTimeoutError);
+  }
+  work.wait();
+  EXPECT_EQ(x, static_cast<float>(g_pg->size()));
+  g_pg->barrier().wait();
+}
+
+TEST(SubGroups, SplitByParityWithReversedKeys) {
+  const int r = g_pg->rank();
+  // color = parity, key = -rank: the new ranks run in reverse order of the old ones
+  auto sub = g_pg->split(r % 2, -r);
+  ASSERT_NE(sub, nullptr);
+  int members = 0;
+  for (int q = 0; q < g_pg->size(); ++q) members += (q % 2 == r % 2);
+  EXPECT_EQ(sub->size(), members);
+  int higher_same_color = 0;
+  for (int q = r + 1; q < g_pg->size(); ++q) higher_same_color += (q % 2 == r % 2);
+  EXPECT_EQ(sub->rank(), higher_same_color);
+  int64_t mine = r;
+  sub->allreduce({&mine, 1, DType::kInt64}).wait();
+  int64_t want = 0;
+  for (int q = r % 2; q < g_pg->size(); q += 2) want += q;
+  EXPECT_EQ(mine, want);
+  // the parent still works while the sub-group exists
+  int64_t all = 1;
+  g_pg->allreduce({&all, 1, DType::kInt64}).wait();
+  EXPECT_EQ(all, g_pg->size());
+  // a rank may also stay out of a split
+  auto only_rank0 = g_pg->split(r == 0 ? 0 : -1, 0);
+  EXPECT_EQ(only_rank0 != nullptr, r == 0);
+  if (only_rank0) EXPECT_EQ(only_rank0->size(), 1);
+}
+
+TEST(CudaBuffers, StagedAllreduce) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no usable GPU: " << cuda::unavailable_reason();
+  if (g_backend == "nccl") GTEST_SKIP() << "covered by the nccl backend's own run";
+  const size_t count = 100003;
+  std::vector<float> host(count, static_cast<float>(g_pg->rank() + 1));
+  DataPtr device = allocate_bytes(count * sizeof(float), Device::cuda(0));
+  BufferRef ref{device.get(), count, DType::kFloat32, Device::cuda(0)};
+  copy_host_to_device(device.get(), host.data(), count * sizeof(float), 0);
+  g_pg->allreduce(ref).wait();
+  copy_device_to_host(host.data(), device.get(), count * sizeof(float), 0);
+  const int n = g_pg->size();
+  EXPECT_EQ(host[0], static_cast<float>(n * (n + 1) / 2));
+  EXPECT_EQ(host[count - 1], static_cast<float>(n * (n + 1) / 2));
+}
+
+}  // namespace
+}  // namespace ringtrain::comm
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::string(argv[i]) == "--backend") ringtrain::comm::g_backend = argv[i + 1];
+  }
+  ringtrain::comm::InitOptions options;
+  options.backend = ringtrain::comm::g_backend;
+  options.group.timeout = std::chrono::seconds(120);
+  ringtrain::comm::g_pg = ringtrain::comm::init_process_group(options);
+  int result = RUN_ALL_TESTS();
+  ringtrain::comm::g_pg.reset();
+  return result;
+}

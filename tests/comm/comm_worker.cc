@@ -1,0 +1,87 @@
+// comm_worker: one rank of a small job, for the rendezvous and fault-injection
+// tests driven by run_workers.sh (which starts the ranks by hand, so that no
+// launcher kills the survivors before they report).
+//
+//   comm_worker --mode check      init, allreduce + sub-group check, print "ok"
+//   comm_worker --mode kill       rank --victim SIGKILLs itself in the middle of a 16 MiB allreduce
+//   comm_worker --mode throw      rank --victim throws an uncaught exception between allreduces
+//   comm_worker --mode mismatch   rank --victim issues a broadcast where the others allreduce
+//                                 (run with RINGTRAIN_DEBUG_COLLECTIVES=1)
+// Survivors print "rank R failed after X ms: <error>" and exit 3.
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <iostream>
+#include <thread>
+#include <vector>
+
+#include "comm/init.h"
+
+using namespace ringtrain;
+using namespace ringtrain::comm;
+
+int main(int argc, char** argv) {
+  CLI::App app{"comm_worker: a rank for rendezvous and fault-injection tests"};
+  std::string mode = "check";
+  std::string backend = "ring";
+  std::string init_method = "auto";
+  int victim = 1;
+  app.add_option("--mode", mode)->check(CLI::IsMember({"check", "kill", "throw", "mismatch"}));
+  app.add_option("--backend", backend);
+  app.add_option("--init", init_method);
+  app.add_option("--victim", victim);
+  CLI11_PARSE(app, argc, argv);
+
+  InitOptions options;
+  options.backend = backend;
+  options.init_method = init_method;
+  auto pg = init_process_group(options);
+  const int rank = pg->rank();
+  const int n = pg->size();
+
+  if (mode == "check") {
+    std::vector<float> data(100003, static_cast<float>(rank + 1));
+    pg->allreduce({data.data(), data.size(), DType::kFloat32}).wait();
+    auto sub = pg->split(rank % 2, rank);
+    int32_t one = 1;
+    sub->allreduce({&one, 1, DType::kInt32}).wait();
+    const float want = static_cast<float>(n * (n + 1) / 2);
+    if (data.front() != want || data.back() != want || one != sub->size()) {
+      std::cerr << "rank " << rank << ": wrong result " << data.front() << " (want " << want << ")\n";
+      return 1;
+    }
+    std::cout << "rank " << rank << " of " << n << ": ok (init " << launch_info().method
+              << ", backend " << pg->backend_name() << ")" << std::endl;
+    return 0;
+  }
+
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<float> data((16u << 20) / sizeof(float), 1.0f);
+  try {
+    for (int iteration = 0; iteration < 200; ++iteration) {
+      if (rank == victim && iteration == 3) {
+        if (mode == "kill") {
+          // die in the middle of the next allreduce, as kill -9 from outside would
+          std::thread([] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            std::cerr << "victim: SIGKILL now" << std::endl;
+            raise(SIGKILL);
+          }).detach();
+        } else if (mode == "throw") {
+          throw std::runtime_error("injected failure: the data loader of rank " + std::to_string(rank) + " broke");
+        } else if (mode == "mismatch") {
+          pg->broadcast({data.data(), 10, DType::kFloat32}, 0).wait();
+          continue;
+        }
+      }
+      pg->allreduce({data.data(), data.size(), DType::kFloat32}).wait();
+    }
+  } catch (const std::exception& e) {
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+    std::cerr << "rank " << rank << " failed after " << ms.count() << " ms: " << e.what() << std::endl;
+    return 3;
+  }
+  std::cerr << "rank " << rank << ": no failure was observed" << std::endl;
+  return 0;
+}

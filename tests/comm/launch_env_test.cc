@@ -1,0 +1,170 @@
+// Single-process tests of launch-environment parsing: the exact variables that
+// ringrun/torchrun, srun and mpirun set, and the errors for bad ones.
+#include <gtest/gtest.h>
+
+#include "comm/launch_env.h"
+#include "comm/reduce.h"
+#include "comm/types.h"
+
+namespace ringtrain::comm {
+namespace {
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Nodelist, ExpandsRangesListsAndPadding) {
+  EXPECT_EQ(expand_nodelist("node[1-3,7]"),
+            (std::vector<std::string>{"node1", "node2", "node3", "node7"}));
+  EXPECT_EQ(expand_nodelist("gpu[08-10],login01"),
+            (std::vector<std::string>{"gpu08", "gpu09", "gpu10", "login01"}));
+  EXPECT_EQ(expand_nodelist("a[1-2]-ib,b"), (std::vector<std::string>{"a1-ib", "a2-ib", "b"}));
+  EXPECT_EQ(expand_nodelist("single"), (std::vector<std::string>{"single"}));
+}
+
+TEST(Nodelist, RejectsMalformed) {
+  for (const char* bad : {"node[1-3", "node[]", "node[3-1]", "node[a-b]", ",", "n[1]x[2]"}) {
+    EXPECT_NE(error_of([&] { expand_nodelist(bad); }).find("cannot parse node list"), std::string::npos)
+        << bad;
+  }
+}
+
+TEST(TasksPerNode, Expands) {
+  EXPECT_EQ(expand_tasks_per_node("2(x3),1"), (std::vector<int>{2, 2, 2, 1}));
+  EXPECT_EQ(expand_tasks_per_node("4"), (std::vector<int>{4}));
+}
+
+EnvMap torchrun_env() {
+  return {{"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}, {"WORLD_SIZE", "8"},
+          {"RANK", "5"},               {"LOCAL_RANK", "1"},      {"LOCAL_WORLD_SIZE", "4"},
+          {"GROUP_RANK", "1"}};
+}
+
+TEST(EnvMethod, ReadsTorchrunVariables) {
+  LaunchInfo info = parse_env_method(torchrun_env());
+  EXPECT_EQ(info.method, "env");
+  EXPECT_EQ(info.master_addr, "10.0.0.1");
+  EXPECT_EQ(info.master_port, 29500);
+  EXPECT_EQ(info.world_size, 8);
+  EXPECT_EQ(info.rank, 5);
+  EXPECT_EQ(info.local_rank, 1);
+  EXPECT_EQ(info.local_world_size, 4);
+  EXPECT_EQ(info.node_rank, 1);
+  EXPECT_FALSE(info.token.empty());
+}
+
+TEST(EnvMethod, ErrorsNameTheVariable) {
+  EnvMap env = torchrun_env();
+  env.erase("MASTER_ADDR");
+  EXPECT_NE(error_of([&] { parse_env_method(env); }).find("MASTER_ADDR is not set"), std::string::npos);
+  env = torchrun_env();
+  env["RANK"] = "five";
+  EXPECT_NE(error_of([&] { parse_env_method(env); }).find("RANK='five'"), std::string::npos);
+  env = torchrun_env();
+  env["RANK"] = "8";
+  EXPECT_NE(error_of([&] { parse_env_method(env); }).find("RANK=8 is not below WORLD_SIZE=8"),
+            std::string::npos);
+  env = torchrun_env();
+  env["MASTER_PORT"] = "70000";
+  EXPECT_NE(error_of([&] { parse_env_method(env); }).find("MASTER_PORT='70000'"), std::string::npos);
+}
+
+EnvMap srun_env() {
+  return {{"SLURM_PROCID", "3"},       {"SLURM_NTASKS", "4"},
+          {"SLURM_LOCALID", "1"},      {"SLURM_NODEID", "1"},
+          {"SLURM_JOB_NODELIST", "node[1-3,7]"}, {"SLURM_JOB_ID", "123456"},
+          {"SLURM_TASKS_PER_NODE", "2(x2)"},     {"SLURM_STEP_ID", "0"}};
+}
+
+TEST(SlurmMethod, MasterIsFirstNodeAndPortFromJobId) {
+  LaunchInfo info = parse_slurm_method(srun_env());
+  EXPECT_EQ(info.method, "slurm");
+  EXPECT_EQ(info.rank, 3);
+  EXPECT_EQ(info.world_size, 4);
+  EXPECT_EQ(info.local_rank, 1);
+  EXPECT_EQ(info.local_world_size, 2);
+  EXPECT_EQ(info.node_rank, 1);
+  EXPECT_EQ(info.master_addr, "node1");
+  EXPECT_EQ(info.master_port, 15000 + 3456);
+}
+
+TEST(SlurmMethod, MasterPortAndAddrOverride) {
+  EnvMap env = srun_env();
+  env["MASTER_PORT"] = "40000";
+  env["MASTER_ADDR"] = "head";
+  LaunchInfo info = parse_slurm_method(env);
+  EXPECT_EQ(info.master_port, 40000);
+  EXPECT_EQ(info.master_addr, "head");
+}
+
+TEST(SlurmMethod, BadJobIdSaysSetMasterPort) {
+  EnvMap env = srun_env();
+  env["SLURM_JOB_ID"] = "x";
+  EXPECT_NE(error_of([&] { parse_slurm_method(env); }).find("set MASTER_PORT"), std::string::npos);
+}
+
+TEST(MpiMethod, ReadsOpenMpiVariables) {
+  EnvMap env{{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+             {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}};
+  LaunchInfo info = parse_mpi_method(env);
+  EXPECT_EQ(info.rank, 2);
+  EXPECT_EQ(info.world_size, 4);
+  EXPECT_EQ(info.local_world_size, 2);
+  EXPECT_EQ(info.node_rank, 1);
+  EXPECT_NE(error_of([] { parse_mpi_method({}); }).find("mpirun"), std::string::npos);
+}
+
+TEST(UrlMethods, TcpAndFile) {
+  LaunchInfo tcp = resolve_launch("tcp://127.0.0.1:4567", {}, 1, 3);
+  EXPECT_EQ(tcp.method, "tcp");
+  EXPECT_EQ(tcp.master_addr, "127.0.0.1");
+  EXPECT_EQ(tcp.master_port, 4567);
+  EXPECT_EQ(tcp.rank, 1);
+  LaunchInfo file = resolve_launch("file:///tmp/rdv", {{"RANK", "0"}, {"WORLD_SIZE", "2"}});
+  EXPECT_EQ(file.method, "file");
+  EXPECT_EQ(file.file_path, "/tmp/rdv");
+  EXPECT_EQ(file.world_size, 2);
+  EXPECT_NE(error_of([] { resolve_launch("tcp://host", {}, 0, 1); }).find("tcp://host:port"), std::string::npos);
+  EXPECT_NE(error_of([] { resolve_launch("tcp://h:1", {}, -1, -1); }).find("world size is unknown"), std::string::npos);
+  EXPECT_NE(error_of([] { resolve_launch("file://relative", {}, 0, 1); }).find("absolute"), std::string::npos);
+  EXPECT_NE(error_of([] { resolve_launch("bogus://", {}, 0, 1); }).find("is not one of"), std::string::npos);
+}
+
+TEST(Detection, DocumentedOrder) {
+  EXPECT_EQ(detect_init_method({}), "single");
+  EnvMap env = srun_env();
+  EXPECT_EQ(detect_init_method(env), "slurm://");
+  env["OMPI_COMM_WORLD_SIZE"] = "2";  // mpirun inside an allocation: mpi wins over slurm
+  EXPECT_EQ(detect_init_method(env), "mpi://");
+  env.insert({{"MASTER_ADDR", "h"}, {"RANK", "0"}, {"WORLD_SIZE", "2"}});  // torchrun/ringrun wins
+  EXPECT_EQ(detect_init_method(env), "env://");
+  env["RINGTRAIN_INIT_METHOD"] = "file:///x";  // an explicit choice wins over everything
+  EXPECT_EQ(detect_init_method(env), "file:///x");
+}
+
+TEST(Reduce, SixteenBitFloatsComputeInFloat) {
+  Half a[3] = {Half(1.5f), Half(-2.0f), Half(65504.0f)};
+  Half b[3] = {Half(0.25f), Half(3.0f), Half(1.0f)};
+  reduce_into(a, b, 3, DType::kFloat16, ReduceOp::kSum);
+  EXPECT_EQ(static_cast<float>(a[0]), 1.75f);
+  EXPECT_EQ(static_cast<float>(a[1]), 1.0f);
+  BFloat16 c[2] = {BFloat16(3.0f), BFloat16(-1.0f)};
+  BFloat16 d[2] = {BFloat16(2.0f), BFloat16(4.0f)};
+  reduce_into(c, d, 2, DType::kBFloat16, ReduceOp::kMax);
+  EXPECT_EQ(static_cast<float>(c[0]), 3.0f);
+  EXPECT_EQ(static_cast<float>(c[1]), 4.0f);
+  int64_t x[2] = {7, -7};
+  scale_for_average(x, 2, DType::kInt64, 2);
+  EXPECT_EQ(x[0], 3);  // truncating, like C++ integer division
+  EXPECT_EQ(x[1], -3);
+  EXPECT_EQ(parse_reduce_op("prod"), ReduceOp::kProd);
+  EXPECT_THROW(parse_reduce_op("mean"), CommError);
+}
+
+}  // namespace
+}  // namespace ringtrain::comm

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# run_workers.sh WORKER NPROC INIT MODE EXPECT MAX_SECONDS [worker args...]
+#
+# Starts NPROC ranks of WORKER by hand with the environment a real launcher
+# would set for INIT (env | tcp | file | slurm), waits at most MAX_SECONDS, and
+# checks the outcome for MODE:
+#   check:            every rank exits 0 and prints "ok"
+#   kill|throw|mismatch: every rank except the victim (rank 1) exits non-zero
+#                     within MAX_SECONDS and its output matches the regex EXPECT.
+set -u
+worker=$1 nproc=$2 init=$3 mode=$4 expect=$5 max_seconds=$6
+shift 6
+dir=$(mktemp -d)
+trap 'kill -9 ${pids[*]} 2>/dev/null; rm -rf "$dir"' EXIT
+# a port nobody uses right now
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("",0)); print(s.getsockname()[1])')
+# slurm: a job id whose derived port (15000 + id % 10000) is free
+if [[ $init == slurm ]]; then
+  for _ in $(seq 50); do
+    jobid=$(( 1000000 + RANDOM % 10000 ))
+    if python3 -c "import socket,sys; s=socket.socket(); s.bind(('',15000+$jobid%10000))" 2>/dev/null; then break; fi
+  done
+fi
+token=$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')
+pids=()
+for ((rank = 0; rank < nproc; rank++)); do
+  env_args=(RINGTRAIN_JOB_TOKEN=$token)
+  init_arg=()
+  case $init in
+    env)   env_args+=(MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=$nproc RANK=$rank
+                     LOCAL_RANK=$rank LOCAL_WORLD_SIZE=$nproc) ;;
+    tcp)   env_args+=(RANK=$rank WORLD_SIZE=$nproc); init_arg=(--init "tcp://127.0.0.1:$port") ;;
+    file)  env_args+=(RANK=$rank WORLD_SIZE=$nproc); init_arg=(--init "file://$dir/rendezvous") ;;
+    slurm) # what srun sets for one task; no MASTER_PORT: the port comes from the job id
+           env_args+=(SLURM_PROCID=$rank SLURM_NTASKS=$nproc SLURM_LOCALID=$rank SLURM_NODEID=0
+                      SLURM_JOB_NODELIST="localhost,node[2-3]" SLURM_JOB_ID=$jobid
+                      SLURM_TASKS_PER_NODE="$nproc(x1)" SLURM_STEP_ID=0) ;;
+    *) echo "unknown init $init"; exit 2 ;;
+  esac
+  env -u OMPI_COMM_WORLD_SIZE -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE "${env_args[@]}" \
+    "$worker" --mode "$mode" "${init_arg[@]}" "$@" >"$dir/out.$rank" 2>&1 &
+  pids+=($!)
+done
+start=$(date +%s)
+status=0
+for ((rank = 0; rank < nproc; rank++)); do
+  # wait for each rank, but never beyond the overall budget
+  while kill -0 "${pids[$rank]}" 2>/dev/null; do
+    if (( $(date +%s) - start > max_seconds )); then
+      echo "FAIL: rank $rank still running after ${max_seconds}s"; cat "$dir"/out.*; exit 1
+    fi
+    sleep 0.1
+  done
+  wait "${pids[$rank]}"; codes[$rank]=$?
+done
+elapsed=$(( $(date +%s) - start ))
+for ((rank = 0; rank < nproc; rank++)); do
+  echo "--- rank $rank (exit ${codes[$rank]})"; cat "$dir/out.$rank"
+done
+for ((rank = 0; rank < nproc; rank++)); do
+  if [[ $mode == check ]]; then
+    if (( codes[rank] != 0 )) || ! grep -q "ok" "$dir/out.$rank"; then echo "FAIL: rank $rank"; status=1; fi
+  elif (( rank != 1 )); then
+    if (( codes[rank] == 0 )); then echo "FAIL: rank $rank exited 0"; status=1; fi
+    if ! grep -Eq "$expect" "$dir/out.$rank"; then echo "FAIL: rank $rank output lacks /$expect/"; status=1; fi
+  fi
+done
+echo "elapsed ${elapsed}s (limit ${max_seconds}s)"
+(( status == 0 )) && echo PASS
+exit $status

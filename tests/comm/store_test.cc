@@ -1,0 +1,133 @@
+// Single-process tests of the TCP Store: protocol, blocking get, counters, and
+// the rejection of connections without the job token or with malformed frames.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "comm/socket.h"
+#include "comm/store.h"
+
+namespace ringtrain::comm {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(Store, SetGetAddRemove) {
+  StoreServer server("127.0.0.1", 0, "token-a");
+  Store store("127.0.0.1", server.port(), "token-a");
+  store.set("key", std::string("va\0lue", 6));
+  EXPECT_EQ(store.get("key", 1s), std::string("va\0lue", 6));  // binary-safe
+  EXPECT_EQ(store.add("counter", 5), 5);
+  EXPECT_EQ(store.add("counter", -2), 3);
+  EXPECT_FALSE(store.try_get("missing").has_value());
+  store.remove("key");
+  EXPECT_FALSE(store.try_get("key").has_value());
+}
+
+TEST(Store, GetBlocksUntilAnotherClientSets) {
+  StoreServer server("127.0.0.1", 0, "t");
+  Store reader("127.0.0.1", server.port(), "t");
+  std::thread writer([port = server.port()] {
+    Store store("127.0.0.1", port, "t");
+    std::this_thread::sleep_for(100ms);
+    store.set("late", "here");
+  });
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(reader.get("late", 5s), "here");
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 80ms);
+  writer.join();
+}
+
+TEST(Store, GetTimesOutNamingTheKey) {
+  StoreServer server("127.0.0.1", 0, "t");
+  Store store("127.0.0.1", server.port(), "t");
+  try {
+    store.get("never", 100ms);
+    FAIL() << "expected a timeout";
+  } catch (const CommTimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("never"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Store, RejectsWrongToken) {
+  StoreServer server("127.0.0.1", 0, "right");
+  try {
+    Store store("127.0.0.1", server.port(), "wrong", 2s);
+    FAIL() << "a client with the wrong token was accepted";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("token"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(server.rejected_connections(), 1);
+  // the server still serves the right clients
+  Store good("127.0.0.1", server.port(), "right");
+  good.set("a", "b");
+  EXPECT_EQ(good.get("a", 1s), "b");
+}
+
+// Speaks raw bytes to the server; returns its reply (an error map) or "" if it closed.
+std::string raw_exchange(int port, const std::string& bytes) {
+  Socket socket = Socket::connect("127.0.0.1", port, Clock::now() + 2s);
+  socket.send_all(bytes.data(), bytes.size(), Clock::now() + 2s);
+  uint8_t header[4];
+  try {
+    socket.recv_all(header, 4, Clock::now() + 2s);
+  } catch (const SocketClosed&) {
+    return "";
+  }
+  uint32_t length = header[0] | (header[1] << 8) | (header[2] << 16) | (header[3] << 24);
+  std::vector<uint8_t> body(length);
+  socket.recv_all(body.data(), length, Clock::now() + 2s);
+  return nlohmann::json::from_msgpack(body).value("error", std::string());
+}
+
+TEST(Store, RejectsOversizedMessage) {
+  StoreServer server("127.0.0.1", 0, "t");
+  std::string frame = "\xff\xff\xff\x7f";  // announces ~2 GiB
+  std::string error = raw_exchange(server.port(), frame);
+  EXPECT_NE(error.find("exceeds"), std::string::npos) << error;
+  EXPECT_EQ(server.rejected_connections(), 1);
+}
+
+TEST(Store, RejectsMalformedMessage) {
+  StoreServer server("127.0.0.1", 0, "t");
+  std::string body = "this is not msgpack";
+  std::string frame(4, '\0');
+  frame[0] = static_cast<char>(body.size());
+  std::string error = raw_exchange(server.port(), frame + body);
+  EXPECT_NE(error.find("malformed"), std::string::npos) << error;
+  EXPECT_EQ(server.rejected_connections(), 1);
+}
+
+TEST(Store, RejectsRequestsBeforeHello) {
+  StoreServer server("127.0.0.1", 0, "t");
+  std::vector<uint8_t> body = nlohmann::json::to_msgpack({{"op", "get"}, {"key", "x"}, {"timeout_ms", 1}});
+  std::string frame(4, '\0');
+  frame[0] = static_cast<char>(body.size());
+  std::string error = raw_exchange(server.port(), frame + std::string(body.begin(), body.end()));
+  EXPECT_NE(error.find("token"), std::string::npos) << error;
+}
+
+TEST(Store, PortInUseSaysWhichAndHowToFix) {
+  StoreServer first("127.0.0.1", 0, "t");
+  try {
+    StoreServer second("127.0.0.1", first.port(), "t", "MASTER_PORT");
+    FAIL() << "bound a port twice";
+  } catch (const CommError& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find(std::to_string(first.port())), std::string::npos) << what;
+    EXPECT_NE(what.find("MASTER_PORT"), std::string::npos) << what;
+  }
+}
+
+TEST(Store, ClientLearnsWhenServerGoesAway) {
+  auto server = std::make_unique<StoreServer>("127.0.0.1", 0, "t");
+  Store store("127.0.0.1", server->port(), "t");
+  server.reset();
+  EXPECT_THROW(store.set("k", "v"), CommError);
+}
+
+}  // namespace
+}  // namespace ringtrain::comm
