@@ -17,7 +17,9 @@
 #include "autograd/functions.h"
 #include "comm/init.h"
 #include "ddp/distributed_data_parallel.h"
+#include "ddp/data_parallel.h"
 #include "ddp/distributed_sampler.h"
+#include "ddp/hierarchical_allreduce.h"
 #include "ddp/loss_scaler.h"
 #include "nn/layers.h"
 #include "nn/optim.h"
@@ -263,6 +265,55 @@ TEST(DdpMultiRank, CompressionHooksStayCloseToTheExactAverage) {
       EXPECT_LT(max_abs_diff(ga, gb) / scale, 1e-2) << "parameter " << i;
     }
   }
+}
+
+TEST(DdpMultiRank, Ddp2DataParallelInsideEachRankMatchesTheReference) {
+  // ddp2: each rank (a "node") runs DataParallel over 2 local replicas; DDP across ranks.
+  auto inner = make_mlp(37 + g_world->rank());
+  auto dp = std::make_shared<DataParallel>(inner, std::vector<Device>{Device::cpu(), Device::cpu()});
+  auto reference = make_mlp(37);
+  DistributedDataParallel ddp(dp, g_world, DdpOptions{.bucket_cap_bytes = 2048, .first_bucket_bytes = 512});
+  nn::SGD opt(dp->parameters(), {.lr = 0.1}), opt_ref(reference->parameters(), {.lr = 0.1});
+  for (int step = 0; step < 3; ++step) {
+    opt.zero_grad();
+    opt_ref.zero_grad();
+    Batch global = global_batch(step);
+    Batch local = rank_slice(global);
+    autograd::backward(ag::cross_entropy(ddp(local.x), local.y));
+    autograd::backward(ag::cross_entropy(reference->forward(global.x), global.y));
+    opt.step();
+    opt_ref.step();
+  }
+  expect_same_parameters(*inner, *reference);
+}
+
+TEST(DdpMultiRank, HierarchicalAllreduceHookMatchesTheFlatAverage) {
+  // Pretend ranks 2k and 2k+1 share a node.
+  HierarchicalAllreduce hierarchical(g_world, g_world->rank() / 2, g_world->rank() % 2);
+  EXPECT_EQ(hierarchical.nodes(), (g_world->size() + 1) / 2);
+  std::vector<double> values(37);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = (g_world->rank() + 1) * 1000.0 + static_cast<double>(i);
+  hierarchical.allreduce_sum({values.data(), values.size(), DType::kFloat64, Device::cpu()}).wait();
+  double rank_sum = g_world->size() * (g_world->size() + 1) / 2.0;
+  for (size_t i = 0; i < values.size(); ++i)
+    ASSERT_EQ(values[i], rank_sum * 1000.0 + g_world->size() * static_cast<double>(i));
+
+  auto model = make_mlp(41 + g_world->rank());
+  auto reference = make_mlp(41);
+  DistributedDataParallel ddp(model, g_world, DdpOptions{.bucket_cap_bytes = 2048, .first_bucket_bytes = 512});
+  ddp.register_comm_hook(hierarchical.hook());
+  nn::SGD opt(model->parameters(), {.lr = 0.1}), opt_ref(reference->parameters(), {.lr = 0.1});
+  for (int step = 0; step < 3; ++step) {
+    opt.zero_grad();
+    opt_ref.zero_grad();
+    Batch global = global_batch(step);
+    Batch local = rank_slice(global);
+    autograd::backward(ag::cross_entropy(ddp(local.x), local.y));
+    autograd::backward(ag::cross_entropy(reference->forward(global.x), global.y));
+    opt.step();
+    opt_ref.step();
+  }
+  expect_same_parameters(*model, *reference);
 }
 
 TEST(DdpMultiRank, MismatchedModelsAreNamedAtConstruction) {

@@ -1,0 +1,96 @@
+// data_parallel.cc: scatter, replicate, parallel_apply, gather (see data_parallel.h).
+#include "ddp/data_parallel.h"
+
+#include <exception>
+#include <thread>
+
+#include "autograd/functions.h"
+#include "autograd/graph.h"
+
+namespace ringtrain::ddp {
+
+Tensor to_device(const Tensor& t, Device device) {
+  if (t.device() == device) return ag::view(t, t.shape());
+  Device source = t.device();
+  return autograd::record("to_device", {t}, t.to(device), {},
+                          [source](const Tensor& grad, autograd::BackwardContext&) -> std::vector<Tensor> {
+                            return {grad.to(source)};
+                          });
+}
+
+DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::vector<Device> devices)
+    : Module("DataParallel"), module_(std::move(module)), devices_(std::move(devices)) {
+  RT_CHECK(module_ != nullptr, "DataParallel: module is null");
+  RT_CHECK(!devices_.empty(), "DataParallel: needs at least one device");
+  for (auto& [name, p] : module_->named_parameters())
+    RT_CHECK(p.device() == devices_[0], "DataParallel: parameter '", name, "' is on ", p.device(),
+             " but the module must be on the first device ", devices_[0], "; call module->to(",
+             devices_[0], ") first");
+  register_module("module", module_);  // parameters appear as "module.<name>", like PyTorch
+  replicas_.resize(devices_.size());
+  for (size_t i = 1; i < devices_.size(); ++i) {
+    replicas_[i] = module_->clone();
+    replicas_[i]->to(devices_[i]);
+  }
+}
+
+void DataParallel::sync_replica_state(size_t replica) {
+  nn::Module& r = *replicas_[replica];
+  r.train(module_->is_training());
+  // Parameters: differentiable copies of the originals (their gradients flow home).
+  for (auto& [name, p] : module_->named_parameters()) r.param(name) = to_device(p, devices_[replica]);
+  // Buffers: this forward's copy of the originals' values.
+  autograd::NoGradGuard no_grad;
+  for (auto& [name, b] : module_->named_buffers()) r.buffer(name).copy_(b);
+}
+
+Tensor DataParallel::forward(const Tensor& input) {
+  const size_t n = devices_.size();
+  if (n == 1) return module_->forward(input.device() == devices_[0] ? input : to_device(input, devices_[0]));
+  RT_CHECK(input.dim() >= 1 && input.size(0) >= 1, "DataParallel: input ", input.describe(),
+           " has no batch dim to scatter");
+
+  // 1. scatter (fewer chunks than devices when the batch is small, like torch.chunk)
+  std::vector<Tensor> chunks = ag::chunk(input, static_cast<int64_t>(n), 0);
+  const size_t used = chunks.size();
+  // 2. replicate. All graph wiring for the originals happens here, on this thread,
+  // so the replica threads only touch their own tensors.
+  for (size_t i = 1; i < used; ++i) {
+    sync_replica_state(i);
+    chunks[i] = to_device(chunks[i], devices_[i]);
+  }
+  if (chunks[0].device() != devices_[0]) chunks[0] = to_device(chunks[0], devices_[0]);
+
+  // 3. parallel_apply: replica 0 on this thread, the others on their own.
+  std::vector<Tensor> outputs(used);
+  std::vector<std::exception_ptr> errors(used);
+  const bool grad_mode = autograd::grad_enabled();
+  auto run = [&](size_t i) {
+    try {
+      autograd::set_grad_enabled(grad_mode);  // grad mode is per thread
+      nn::Module& replica = i == 0 ? *module_ : *replicas_[i];
+      outputs[i] = replica.forward(chunks[i]);
+    } catch (...) {
+      errors[i] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (size_t i = 1; i < used; ++i) threads.emplace_back(run, i);
+  run(0);
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < used; ++i)
+    if (errors[i]) {
+      try {
+        std::rethrow_exception(errors[i]);
+      } catch (const std::exception& e) {
+        throw Error("DataParallel: replica " + std::to_string(i) + " on " + devices_[i].str() +
+                    " failed: " + e.what());
+      }
+    }
+
+  // 4. gather on the first device
+  for (size_t i = 1; i < used; ++i) outputs[i] = to_device(outputs[i], devices_[0]);
+  return ag::cat(outputs, 0);
+}
+
+}  // namespace ringtrain::ddp

@@ -1,0 +1,84 @@
+// DataParallel over several CPU replicas equals running the single module.
+#include "ddp/data_parallel.h"
+
+#include <gtest/gtest.h>
+
+#include "autograd/autograd.h"
+#include "autograd/functions.h"
+#include "nn/layers.h"
+#include "nn/optim.h"
+#include "tensor/ops.h"
+
+namespace ringtrain::ddp {
+namespace {
+
+std::shared_ptr<nn::Module> make_mlp(uint64_t seed) {
+  Generator gen(seed);
+  auto seq = nn::make<nn::Sequential>();
+  seq->push_back(nn::make<nn::Linear>(6, 16, true, gen));
+  seq->push_back(nn::make<nn::ReLU>());
+  seq->push_back(nn::make<nn::Linear>(16, 3, true, gen));
+  return seq;
+}
+
+TEST(DataParallelTest, OutputsAndGradientsEqualTheSingleModule) {
+  for (int replicas : {1, 2, 3, 4}) {
+    SCOPED_TRACE(std::to_string(replicas) + " replicas");
+    auto single = make_mlp(5);
+    auto wrapped = make_mlp(5);
+    DataParallel dp(wrapped, std::vector<Device>(replicas, Device::cpu()));
+    Generator gen(9);
+    Tensor x = randn({10, 6}, gen);  // 10 rows over up to 4 replicas: uneven chunks
+    Tensor y = mul(rand({10}, gen), 3.0).to(DType::kInt64);
+
+    Tensor out_single = single->forward(x);
+    Tensor out_dp = dp.forward(x);
+    EXPECT_LT(max_abs_diff(out_single, out_dp), 1e-6);
+
+    autograd::backward(ag::cross_entropy(out_single, y));
+    autograd::backward(ag::cross_entropy(out_dp, y));
+    auto ps = single->named_parameters(), pd = wrapped->named_parameters();
+    for (size_t i = 0; i < ps.size(); ++i) {
+      Tensor gs = autograd::grad(ps[i].second), gd = autograd::grad(pd[i].second);
+      ASSERT_TRUE(gd.defined()) << ps[i].first;
+      EXPECT_LT(max_abs_diff(gs, gd), 1e-6) << ps[i].first;
+    }
+  }
+}
+
+TEST(DataParallelTest, TrainsLikeTheSingleModuleAndNamesParametersLikePyTorch) {
+  auto single = make_mlp(11);
+  auto wrapped = make_mlp(11);
+  auto dp = std::make_shared<DataParallel>(wrapped, std::vector<Device>(3, Device::cpu()));
+  EXPECT_EQ(dp->named_parameters().front().first, "module.0.weight");
+  nn::SGD a(single->parameters(), {.lr = 0.1}), b(dp->parameters(), {.lr = 0.1});
+  for (int step = 0; step < 5; ++step) {
+    Generator gen(100 + step);
+    Tensor x = randn({12, 6}, gen);
+    Tensor y = mul(rand({12}, gen), 3.0).to(DType::kInt64);
+    a.zero_grad();
+    b.zero_grad();
+    autograd::backward(ag::cross_entropy(single->forward(x), y));
+    autograd::backward(ag::cross_entropy(dp->forward(x), y));
+    a.step();
+    b.step();
+  }
+  auto ps = single->parameters(), pd = wrapped->parameters();
+  for (size_t i = 0; i < ps.size(); ++i) EXPECT_LT(max_abs_diff(ps[i], pd[i]), 1e-5);
+}
+
+TEST(DataParallelTest, ClearErrors) {
+  auto m = make_mlp(1);
+  EXPECT_THROW(DataParallel(m, {}), Error);
+  try {
+    DataParallel dp(m, {Device::cuda(0)});
+    FAIL() << "expected an error: the module is on the CPU";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("first device"), std::string::npos) << e.what();
+  }
+  DataParallel dp(m, {Device::cpu(), Device::cpu()});
+  EXPECT_THROW(dp.forward(randn({4, 7}, default_generator())), Error);  // wrong feature size
+}
+
+}  // namespace
+}  // namespace ringtrain::ddp
