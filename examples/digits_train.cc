@@ -8,7 +8,8 @@
 //
 //   digits_train --model mlp                       # ~97% test accuracy in a few seconds
 //   digits_train --model cnn --metrics-csv m.csv
-//   digits_train --checkpoint-dir runs/a --epochs 10; digits_train --checkpoint-dir runs/a --epochs 20 --resume
+//   digits_train --checkpoint-dir runs/a --stop-after 10    # "preempted" after 10 of 30 epochs
+//   digits_train --checkpoint-dir runs/a --resume           # the other 20; same weights as one run
 //
 // Data: sklearn's digits.csv.gz from Debian's python3-sklearn (1797 examples,
 // 64 pixels 0..16 + label). 20% go to the test split, chosen by --split-seed.
@@ -53,6 +54,7 @@ struct Options {
   std::string checkpoint_dir;
   int keep_last = 3;
   bool resume = false;
+  int stop_after = 0;  // 0: run to the end
   bool quiet = false;
 };
 
@@ -70,6 +72,18 @@ std::shared_ptr<nn::Module> make_cnn(Generator& gen) {
       nn::make<nn::Conv2d>(1, 16, 3, 1, 1, true, gen), nn::make<nn::ReLU>(), nn::make<nn::MaxPool2d>(2),
       nn::make<nn::Conv2d>(16, 32, 3, 1, 1, true, gen), nn::make<nn::ReLU>(), nn::make<nn::MaxPool2d>(2),
       nn::make<nn::Flatten>(), nn::make<nn::Linear>(32 * 2 * 2, 10, true, gen)});
+}
+
+// FNV-1a over the bits of every parameter: equal fingerprints = bitwise equal weights.
+// Lets a user (and tests/nn/digits_resume_check.cmake) compare a resumed run with a straight one.
+uint64_t weights_fingerprint(const nn::Module& model) {
+  uint64_t h = 1469598103934665603ull;
+  for (const Tensor& p : model.parameters()) {
+    std::vector<float> v = p.to_vector<float>();
+    const auto* bytes = reinterpret_cast<const unsigned char*>(v.data());
+    for (size_t i = 0; i < v.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  }
+  return h;
 }
 
 // Correct predictions in a batch of logits.
@@ -179,7 +193,8 @@ int run(const Options& opt) {
   auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   ProgressBar bar(!opt.quiet);
   EvalResult test_result;
-  for (int epoch = start_epoch; epoch < epochs; ++epoch) {
+  const int end_epoch = opt.stop_after > 0 ? std::min(epochs, start_epoch + opt.stop_after) : epochs;
+  for (int epoch = start_epoch; epoch < end_epoch; ++epoch) {
     model->train();
     const double epoch_lr = sgd.param_groups()[0].lr();
     double loss_sum = 0;
@@ -214,10 +229,12 @@ int run(const Options& opt) {
     }
     if (checkpoints) checkpoints->save(targets, {epoch + 1, step}, {{"model", opt.model}});
   }
-  if (start_epoch >= epochs) test_result = evaluate(*model, test_loader);
-  std::printf("final test accuracy: %.2f%% (%lld/%lld) after %d epochs, %.1f s of training\n",
-              100 * test_result.accuracy, static_cast<long long>(test_result.correct),
-              static_cast<long long>(test_result.total), epochs, seconds());
+  if (start_epoch >= end_epoch) test_result = evaluate(*model, test_loader);
+  std::printf("%s test accuracy: %.2f%% (%lld/%lld) after %d of %d epochs, %.1f s of training\n",
+              end_epoch == epochs ? "final" : "stopped early;", 100 * test_result.accuracy,
+              static_cast<long long>(test_result.correct), static_cast<long long>(test_result.total),
+              std::max(end_epoch, start_epoch), epochs, seconds());
+  std::printf("weights fingerprint: %016llx\n", static_cast<unsigned long long>(weights_fingerprint(*model)));
   return 0;
 }
 
@@ -240,6 +257,8 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-dir", opt.checkpoint_dir, "save a checkpoint here after every epoch");
   app.add_option("--keep-last", opt.keep_last, "checkpoints to keep")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_flag("--resume", opt.resume, "continue from the newest valid checkpoint in --checkpoint-dir");
+  app.add_option("--stop-after", opt.stop_after,
+                 "stop after this many epochs of this run (simulates a preemption; continue with --resume)");
   app.add_flag("--quiet", opt.quiet, "no progress bar or per-epoch lines");
   CLI11_PARSE(app, argc, argv);
   try {

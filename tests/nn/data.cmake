@@ -9,3 +9,19 @@ foreach(src ${ringtrain_data_tests})
   get_filename_component(name ${src} NAME_WE)
   ringtrain_add_gtest(nn_${name} SOURCES ${src} DEPS ringtrain::nn ZLIB::ZLIB LABELS unit)
 endforeach()
+
+# The digits example, end to end (needs python3-sklearn's digits.csv.gz): >= 95% test
+# accuracy for both models within the time limit, and stop + resume == one run, bitwise.
+if(TARGET digits_train AND EXISTS /usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz)
+  foreach(model mlp cnn)
+    add_test(NAME example_digits_train_${model}
+             COMMAND digits_train --model ${model} --quiet)
+    set_tests_properties(example_digits_train_${model} PROPERTIES
+      LABELS unit TIMEOUT 60 PASS_REGULAR_EXPRESSION "final test accuracy: (9[5-9]|100)\\.")
+    add_test(NAME example_digits_resume_${model}
+             COMMAND ${CMAKE_COMMAND} -DDIGITS_TRAIN=$<TARGET_FILE:digits_train>
+                     -DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/digits_resume_${model} -DMODEL=${model}
+                     -P ${CMAKE_CURRENT_LIST_DIR}/digits_resume_check.cmake)
+    set_tests_properties(example_digits_resume_${model} PROPERTIES LABELS unit TIMEOUT 120)
+  endforeach()
+endif()
