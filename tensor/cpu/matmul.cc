@@ -1,21 +1,31 @@
-// matmul.cc: CPU batched GEMM, out[b] = a[b] @ b[b], on Eigen.
+// matmul.cc: CPU batched GEMM, out[b] = a[b] @ b[b].
 //
-// Each operand of each batch is wrapped in an Eigen::Map without copying when one
-// of its two matrix strides is 1: row stride 1 maps it column-major, column stride
-// 1 maps it row-major, with the other stride as the outer stride (so transposed
-// views, Linear's x W^T, go straight into the GEMM). An operand with neither
-// stride 1 is first copied to a contiguous buffer. A batch stride of 0 (broadcast
-// batch dims) needs nothing special: the loop just re-reads the same matrix.
+// f32 (and f16/bf16, converted to f32) on x86 with AVX2+FMA: our own packed GEMM,
+// structured as in BLIS / Goto's algorithm:
+//   for each kNC-wide column block of B            (B block: kKC x kNC, lives in L3)
+//     for each kKC-deep slice of k                 (pack B slice into kNR-wide panels)
+//       for each kMC-tall row block of A           (pack A block into kMR-tall panels, in L2)
+//         for each kNR x kMR tile of C: micro-kernel, kc rank-1 updates of a 6x16 tile
+//         held in 12 ymm accumulators (2 vector loads of B + 6 broadcasts of A feed
+//         12 FMAs per k step; the B micro-panel, kKC x 16 floats = 16 KiB, stays in L1).
+// Packing reads the operands through their strides, so transposed, sliced and
+// broadcast (stride-0) views need no copy; edge tiles are computed into a
+// scratch tile and added partially. The first k slice stores the tile, later
+// slices accumulate into C. Cost: 2 m n k flops; packing is O(mk + kn) per pass.
+// Eigen's GEMM (which packs the same way with a 24x4 kernel) measured only ~0.7x
+// OpenBLAS single-thread here; this kernel is at ~0.85-1.0x (docs/tensor-benchmark.md).
 //
-// Eigen's GEMM packs panels of both operands into cache-sized blocks and runs an
-// FMA micro-kernel (AVX2/AVX-512 under -march=native). It is single-threaded
-// here: the library is built without OpenMP, and we pin Eigen::setNbThreads(1)
-// anyway, because data-parallel training runs one rank per core.
+// f64, and f32 on machines without AVX2/FMA: Eigen. Each operand of each batch is
+// wrapped in an Eigen::Map without copying when one of its two matrix strides is
+// 1 (row stride 1 -> column-major map, column stride 1 -> row-major map); other
+// operands are first copied to a contiguous buffer.
 //
-// f16/bf16: both operands are converted to f32 contiguous buffers, multiplied in
-// f32 (f32 accumulation, as cuBLAS does) and rounded once on store. Integer
-// dtypes are rejected. Cost: 2 m n k flops per batch; for 1024^3 f32 about
-// 80-90% of OpenBLAS single-thread on this AVX2 machine (docs/tensor-benchmark.md).
+// Single-threaded on purpose: data-parallel training runs one rank per core; the
+// library is built without OpenMP and Eigen::setNbThreads(1) is pinned anyway.
+// f16/bf16: both operands converted to f32, multiplied with f32 accumulation (as
+// cuBLAS does) and rounded once on store. Integer dtypes are rejected.
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include <Eigen/Core>
@@ -23,6 +33,11 @@
 #include "tensor/checks.h"
 #include "tensor/cpu/loops.h"
 #include "tensor/kernels.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define RINGTRAIN_PACKED_SGEMM 1
+#endif
 
 namespace ringtrain::kernels::cpu {
 
@@ -61,6 +76,138 @@ void gemm(const MatRef<C>& a, const MatRef<C>& b, C* y) {
   }
 }
 
+#ifdef RINGTRAIN_PACKED_SGEMM
+// ---------------------------------------------------------------- packed SGEMM (AVX2 + FMA)
+
+constexpr int64_t kMR = 6;     // rows of a C tile (6 broadcasts of A per k step)
+constexpr int64_t kNR = 16;    // columns of a C tile (2 ymm vectors of B)
+constexpr int64_t kMC = 144;   // rows of A packed per block: 144 x 256 x 4 B = 144 KiB (L2)
+constexpr int64_t kKC = 256;   // depth of one packed slice
+constexpr int64_t kNC = 4096;  // columns of B packed per block: 256 x 4096 x 4 B = 4 MiB (L3)
+
+// c[0..6)[0..16) (+)= sum_p a[p][0..6) * b[p][0..16); a, b packed; acc: add into c.
+inline void micro_kernel_6x16(int64_t kc, const float* __restrict a, const float* __restrict b,
+                              float* c, int64_t ldc, bool acc) {
+  __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps();
+  __m256 c11 = _mm256_setzero_ps(), c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
+  __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps(), c40 = _mm256_setzero_ps();
+  __m256 c41 = _mm256_setzero_ps(), c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
+#pragma GCC unroll 4
+  for (int64_t p = 0; p < kc; ++p) {
+    const __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
+    __m256 av = _mm256_broadcast_ss(a + 0);
+    c00 = _mm256_fmadd_ps(av, b0, c00);
+    c01 = _mm256_fmadd_ps(av, b1, c01);
+    av = _mm256_broadcast_ss(a + 1);
+    c10 = _mm256_fmadd_ps(av, b0, c10);
+    c11 = _mm256_fmadd_ps(av, b1, c11);
+    av = _mm256_broadcast_ss(a + 2);
+    c20 = _mm256_fmadd_ps(av, b0, c20);
+    c21 = _mm256_fmadd_ps(av, b1, c21);
+    av = _mm256_broadcast_ss(a + 3);
+    c30 = _mm256_fmadd_ps(av, b0, c30);
+    c31 = _mm256_fmadd_ps(av, b1, c31);
+    av = _mm256_broadcast_ss(a + 4);
+    c40 = _mm256_fmadd_ps(av, b0, c40);
+    c41 = _mm256_fmadd_ps(av, b1, c41);
+    av = _mm256_broadcast_ss(a + 5);
+    c50 = _mm256_fmadd_ps(av, b0, c50);
+    c51 = _mm256_fmadd_ps(av, b1, c51);
+    a += kMR;
+    b += kNR;
+  }
+  auto put = [acc](float* row, __m256 x0, __m256 x1) {
+    if (acc) {
+      x0 = _mm256_add_ps(x0, _mm256_loadu_ps(row));
+      x1 = _mm256_add_ps(x1, _mm256_loadu_ps(row + 8));
+    }
+    _mm256_storeu_ps(row, x0);
+    _mm256_storeu_ps(row + 8, x1);
+  };
+  put(c, c00, c01);
+  put(c + ldc, c10, c11);
+  put(c + 2 * ldc, c20, c21);
+  put(c + 3 * ldc, c30, c31);
+  put(c + 4 * ldc, c40, c41);
+  put(c + 5 * ldc, c50, c51);
+}
+
+// A block [mc x kc] (element strides rs, cs) -> kMR-row panels, p-major, zero padded.
+void pack_a(int64_t mc, int64_t kc, const float* A, int64_t rs, int64_t cs, float* out) {
+  for (int64_t i0 = 0; i0 < mc; i0 += kMR) {
+    const int64_t mr = std::min(kMR, mc - i0);
+    for (int64_t p = 0; p < kc; ++p) {
+      float* dst = out + p * kMR;
+      for (int64_t i = 0; i < mr; ++i) dst[i] = A[(i0 + i) * rs + p * cs];
+      for (int64_t i = mr; i < kMR; ++i) dst[i] = 0.0f;
+    }
+    out += kc * kMR;
+  }
+}
+
+// B slice [kc x nc] (element strides rs, cs) -> kNR-column panels, p-major, zero padded.
+void pack_b(int64_t kc, int64_t nc, const float* B, int64_t rs, int64_t cs, float* out) {
+  for (int64_t j0 = 0; j0 < nc; j0 += kNR) {
+    const int64_t nr = std::min(kNR, nc - j0);
+    for (int64_t p = 0; p < kc; ++p) {
+      const float* src = B + p * rs + j0 * cs;
+      float* dst = out + p * kNR;
+      if (cs == 1 && nr == kNR) {
+        std::memcpy(dst, src, kNR * sizeof(float));
+        continue;
+      }
+      for (int64_t j = 0; j < nr; ++j) dst[j] = src[j * cs];
+      for (int64_t j = nr; j < kNR; ++j) dst[j] = 0.0f;
+    }
+    out += kc * kNR;
+  }
+}
+
+// Packing buffers, 64-byte aligned, reused across calls of this thread.
+float* aligned_scratch(std::vector<float>& v, int64_t n) {
+  v.resize(static_cast<size_t>(n) + 16);
+  auto addr = reinterpret_cast<uintptr_t>(v.data());
+  return reinterpret_cast<float*>((addr + 63) & ~static_cast<uintptr_t>(63));
+}
+
+// C [m x n] (row stride ldc, contiguous rows) = A [m x k] @ B [k x n], any element strides.
+void packed_sgemm(int64_t m, int64_t n, int64_t k, const float* A, int64_t rsa, int64_t csa,
+                  const float* B, int64_t rsb, int64_t csb, float* C, int64_t ldc) {
+  static thread_local std::vector<float> a_buffer, b_buffer;
+  float* ap = aligned_scratch(a_buffer, kMC * kKC);
+  float* bp = aligned_scratch(b_buffer, kKC * std::min(kNC, (n + kNR - 1) / kNR * kNR));
+  alignas(32) float tile[kMR * kNR];
+  for (int64_t jc = 0; jc < n; jc += kNC) {
+    const int64_t nc = std::min(kNC, n - jc);
+    for (int64_t pc = 0; pc < k; pc += kKC) {
+      const int64_t kc = std::min(kKC, k - pc);
+      const bool acc = pc > 0;
+      pack_b(kc, nc, B + pc * rsb + jc * csb, rsb, csb, bp);
+      for (int64_t ic = 0; ic < m; ic += kMC) {
+        const int64_t mc = std::min(kMC, m - ic);
+        pack_a(mc, kc, A + ic * rsa + pc * csa, rsa, csa, ap);
+        for (int64_t jr = 0; jr < nc; jr += kNR) {
+          const int64_t nr = std::min(kNR, nc - jr);
+          for (int64_t ir = 0; ir < mc; ir += kMR) {
+            const int64_t mr = std::min(kMR, mc - ir);
+            float* c = C + (ic + ir) * ldc + jc + jr;
+            if (mr == kMR && nr == kNR) {
+              micro_kernel_6x16(kc, ap + ir * kc, bp + jr * kc, c, ldc, acc);
+            } else {  // edge tile: full tile into scratch, then the valid part
+              micro_kernel_6x16(kc, ap + ir * kc, bp + jr * kc, tile, kNR, false);
+              for (int64_t i = 0; i < mr; ++i)
+                for (int64_t j = 0; j < nr; ++j) {
+                  c[i * ldc + j] = (acc ? c[i * ldc + j] : 0.0f) + tile[i * kNR + j];
+                }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+#endif  // RINGTRAIN_PACKED_SGEMM
+
 // Makes a matrix operand Map-able: returns it as is when one stride is 1 (and the other is a
 // valid outer stride), otherwise copies it (converting T -> C) into `scratch`.
 template <typename T, typename C>
@@ -94,6 +241,21 @@ void batched_matmul_typed(const Tensor& a, const Tensor& b, const Tensor& out) {
     if (k == 0) {
       std::fill_n(y, m * n, C(0));
     } else {
+#ifdef RINGTRAIN_PACKED_SGEMM
+      if constexpr (std::is_same_v<C, float>) {
+        if constexpr (std::is_same_v<T, float>) {  // packing reads any strides directly
+          packed_sgemm(m, n, k, ap + i * a.stride(0), a.stride(1), a.stride(2), bp + i * b.stride(0),
+                       b.stride(1), b.stride(2), y, n);
+        } else {  // 16-bit floats: convert to contiguous f32 first
+          MatRef<C> am = prepare<T, C>(ap + i * a.stride(0), m, k, a.stride(1), a.stride(2), a_scratch);
+          MatRef<C> bm = prepare<T, C>(bp + i * b.stride(0), k, n, b.stride(1), b.stride(2), b_scratch);
+          packed_sgemm(m, n, k, am.data, am.row_stride, am.col_stride, bm.data, bm.row_stride,
+                       bm.col_stride, y, n);
+        }
+        if constexpr (!std::is_same_v<T, C>) detail::store_run(y, op + i * m * n, 1, m * n);
+        continue;
+      }
+#endif
       MatRef<C> am = prepare<T, C>(ap + i * a.stride(0), m, k, a.stride(1), a.stride(2), a_scratch);
       MatRef<C> bm = prepare<T, C>(bp + i * b.stride(0), k, n, b.stride(1), b.stride(2), b_scratch);
       gemm(am, bm, y);
