@@ -1,6 +1,7 @@
 // loss_scaler.cc: see loss_scaler.h for the algorithm (PyTorch GradScaler rules).
 #include "ddp/loss_scaler.h"
 
+#include "autograd/functions.h"
 #include "tensor/ops.h"
 
 namespace ringtrain::ddp {
@@ -16,7 +17,7 @@ LossScaler::LossScaler(LossScalerOptions options, std::shared_ptr<comm::ProcessG
 
 Tensor LossScaler::scale(const Tensor& loss) const {
   if (!options_.enabled) return loss;
-  return mul(loss, scale_);
+  return ag::mul(loss, scale_);  // differentiable: backward of the scaled loss gives S * grad
 }
 
 bool LossScaler::any_rank(bool flag) const {

@@ -44,7 +44,7 @@ class LossScaler {
   explicit LossScaler(LossScalerOptions options = {},
                       std::shared_ptr<comm::ProcessGroup> group = nullptr);
 
-  // loss * scale, in the loss's dtype.
+  // loss * scale, in the loss's dtype, recorded by autograd (backward through it).
   Tensor scale(const Tensor& loss) const;
   // Divides every gradient by the scale in place (once per step; a second call
   // before update() throws) and records whether any rank saw inf/NaN.

@@ -1,0 +1,35 @@
+// master_weights.cc: see master_weights.h.
+#include "ddp/master_weights.h"
+
+#include "autograd/autograd.h"
+
+namespace ringtrain::ddp {
+
+MasterWeights::MasterWeights(nn::Module& model) : model_params_(model.parameters()) {
+  autograd::NoGradGuard no_grad;
+  for (const Tensor& p : model_params_) {
+    RT_CHECK(is_floating_point(p.dtype()), "MasterWeights: parameter ", p.describe(), " is not floating point");
+    Tensor master = p.to(DType::kFloat32).clone();
+    autograd::set_requires_grad(master, true);
+    masters_.push_back(master);
+  }
+}
+
+std::vector<Tensor> MasterWeights::copy_grads_to_masters() {
+  std::vector<Tensor> grads;
+  for (size_t i = 0; i < masters_.size(); ++i) {
+    Tensor g = autograd::grad(model_params_[i]);
+    Tensor master_grad = g.defined() ? g.to(DType::kFloat32).contiguous() : Tensor();
+    if (master_grad.defined() && master_grad.is_same(g)) master_grad = g.clone();  // never alias the model's grad
+    autograd::set_grad(masters_[i], master_grad);
+    grads.push_back(master_grad);
+  }
+  return grads;
+}
+
+void MasterWeights::copy_masters_to_model() {
+  autograd::NoGradGuard no_grad;
+  for (size_t i = 0; i < masters_.size(); ++i) model_params_[i].copy_(masters_[i]);
+}
+
+}  // namespace ringtrain::ddp

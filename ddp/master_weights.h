@@ -1,0 +1,46 @@
+// master_weights.h: "O2" mixed precision, a half-precision model with float32
+// master weights in the optimizer.
+//
+// defines: MasterWeights.
+//
+// The model's parameters are float16/bfloat16 (model->to(DType::kFloat16)): the
+// forward and backward run in half precision, and DDP reduces half-size buckets.
+// The optimizer, however, updates float32 copies (the masters): an update of
+// lr * g is often smaller than half precision's resolution around the weight
+// (fp16 has 11 significant bits), so applying it to the half weights directly
+// would round it away. One step:
+//
+//   backward(scaler.scale(loss));                 // half gradients, scaled
+//   auto grads = masters.copy_grads_to_masters(); // float32 .grad on the masters
+//   if (scaler.step(grads, [&] { opt.step(); }))   // unscale, skip on inf/NaN
+//     masters.copy_masters_to_model();            // round the new weights to half
+//   scaler.update();
+//
+// The optimizer is built on masters.master_params(), never on the model.
+#pragma once
+
+#include <vector>
+
+#include "nn/module.h"
+
+namespace ringtrain::ddp {
+
+class MasterWeights {
+ public:
+  // Snapshots the model's (half-precision) parameters as float32 leaves.
+  explicit MasterWeights(nn::Module& model);
+
+  // float32 leaves that require grad, one per model parameter, same order.
+  const std::vector<Tensor>& master_params() const { return masters_; }
+  // Sets each master's .grad to its model parameter's gradient in float32 (undefined
+  // when the model parameter has none) and returns them, for LossScaler::step.
+  std::vector<Tensor> copy_grads_to_masters();
+  // Writes the masters back into the model's parameters (rounded to their dtype).
+  void copy_masters_to_model();
+
+ private:
+  std::vector<Tensor> model_params_;  // the model's own (half) parameters
+  std::vector<Tensor> masters_;       // float32 copies the optimizer updates
+};
+
+}  // namespace ringtrain::ddp

@@ -1,0 +1,104 @@
+// O2 mixed precision: half-precision model, float32 masters, dynamic loss scaling.
+#include <gtest/gtest.h>
+
+#include <limits>
+
+#include "autograd/autograd.h"
+#include "autograd/functions.h"
+#include "ddp/loss_scaler.h"
+#include "ddp/master_weights.h"
+#include "nn/layers.h"
+#include "nn/optim.h"
+#include "tensor/ops.h"
+
+namespace ringtrain::ddp {
+namespace {
+
+std::shared_ptr<nn::Module> make_mlp(uint64_t seed) {
+  Generator gen(seed);
+  auto seq = nn::make<nn::Sequential>();
+  seq->push_back(nn::make<nn::Linear>(8, 32, true, gen));
+  seq->push_back(nn::make<nn::ReLU>());
+  seq->push_back(nn::make<nn::Linear>(32, 4, true, gen));
+  return seq;
+}
+
+TEST(MasterWeightsTest, KeepsUpdatesTooSmallForHalfPrecision) {
+  auto model = make_mlp(1);
+  model->to(DType::kFloat16);
+  MasterWeights masters(*model);
+  nn::SGD opt(masters.master_params(), {.lr = 1.0});
+  Tensor p = model->parameters()[0];
+  Tensor before = p.to(DType::kFloat32).clone();
+  // A gradient of 1e-5 everywhere: p - 1e-5 rounds back to p in fp16 for |p| > ~0.02.
+  autograd::set_grad(p, full(p.shape(), 1e-5, DType::kFloat16));
+  masters.copy_grads_to_masters();
+  opt.step();
+  Tensor master = masters.master_params()[0];
+  EXPECT_NEAR(max_abs_diff(master, before), 1e-5, 1e-6);  // the master moved by 1e-5 ...
+  for (int i = 0; i < 200; ++i) {                          // ... and 200 such steps add up
+    masters.copy_grads_to_masters();
+    opt.step();
+  }
+  masters.copy_masters_to_model();
+  EXPECT_NEAR(max_abs_diff(sub(before, p.to(DType::kFloat32)), full(p.shape(), 201e-5)), 0.0, 1e-3);
+}
+
+TEST(MasterWeightsTest, HalfPrecisionTrainingWithScalingTracksFloat32) {
+  for (DType half : {DType::kFloat16, DType::kBFloat16}) {
+    SCOPED_TRACE(dtype_name(half));
+    auto reference = make_mlp(3);
+    auto model = make_mlp(3);
+    model->to(half);
+    MasterWeights masters(*model);
+    nn::SGD opt(masters.master_params(), {.lr = 0.2});
+    nn::SGD opt_ref(reference->parameters(), {.lr = 0.2});
+    LossScaler scaler;
+    Generator gen(5);
+    Tensor x = randn({64, 8}, gen);
+    Tensor y = mul(rand({64}, gen), 4.0).to(DType::kInt64);
+    double first_loss = 0, last_loss = 0;
+    for (int step = 0; step < 30; ++step) {
+      model->zero_grad();
+      opt_ref.zero_grad();
+      Tensor loss = ag::cross_entropy(ag::to(model->forward(x.to(half)), DType::kFloat32), y);
+      autograd::backward(scaler.scale(loss));
+      std::vector<Tensor> grads = masters.copy_grads_to_masters();
+      if (scaler.step(grads, [&] { opt.step(); })) masters.copy_masters_to_model();
+      scaler.update();
+      autograd::backward(ag::cross_entropy(reference->forward(x), y));
+      opt_ref.step();
+      if (step == 0) first_loss = loss.item();
+      last_loss = loss.item();
+    }
+    EXPECT_LT(last_loss, first_loss - 0.05);  // it learns
+    auto pm = masters.master_params(), pr = reference->parameters();
+    for (size_t i = 0; i < pm.size(); ++i)
+      EXPECT_LT(max_abs_diff(pm[i], pr[i]), half == DType::kFloat16 ? 2e-2 : 6e-2) << "parameter " << i;
+  }
+}
+
+TEST(MasterWeightsTest, OverflowSkipsTheStepAndLeavesTheModelUntouched) {
+  auto model = make_mlp(7);
+  model->to(DType::kFloat16);
+  MasterWeights masters(*model);
+  nn::SGD opt(masters.master_params(), {.lr = 0.1});
+  LossScaler scaler;
+  std::vector<std::vector<float>> before;
+  for (auto& p : model->parameters()) before.push_back(p.to_vector<float>());
+  for (auto& p : model->parameters()) autograd::set_grad(p, full(p.shape(), 1.0, DType::kFloat16));
+  Tensor g0 = autograd::grad(model->parameters()[0]);
+  Tensor one = g0.narrow(0, 0, 1);
+  fill_(one, std::numeric_limits<double>::infinity());
+  std::vector<Tensor> grads = masters.copy_grads_to_masters();
+  bool stepped = scaler.step(grads, [&] { opt.step(); });
+  if (stepped) masters.copy_masters_to_model();
+  scaler.update();
+  EXPECT_FALSE(stepped);
+  EXPECT_EQ(scaler.get_scale(), 32768.0);
+  auto params = model->parameters();
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(params[i].to_vector<float>(), before[i]);
+}
+
+}  // namespace
+}  // namespace ringtrain::ddp
