@@ -100,12 +100,18 @@ class BatchNorm1d : public BatchNorm {
  public:
   explicit BatchNorm1d(int64_t num_features, double eps = 1e-5, double momentum = 0.1, bool affine = true)
       : BatchNorm("BatchNorm1d", num_features, 2, 3, eps, momentum, affine) {}
+
+ protected:
+  std::shared_ptr<Module> clone_shallow() const override { return std::make_shared<BatchNorm1d>(*this); }
 };
 
 class BatchNorm2d : public BatchNorm {
  public:
   explicit BatchNorm2d(int64_t num_features, double eps = 1e-5, double momentum = 0.1, bool affine = true)
       : BatchNorm("BatchNorm2d", num_features, 4, 4, eps, momentum, affine) {}
+
+ protected:
+  std::shared_ptr<Module> clone_shallow() const override { return std::make_shared<BatchNorm2d>(*this); }
 };
 
 class LayerNorm : public Cloneable<LayerNorm> {

@@ -181,6 +181,10 @@ TEST(Module, CloneIsDeep) {
   EXPECT_TRUE(autograd::grad(q[1].second).defined());
   EXPECT_FALSE(autograd::grad(p[1].second).defined());
   (void)y0;
+  // Children keep their concrete types in the copy.
+  auto children = copy->named_children();
+  EXPECT_NE(std::dynamic_pointer_cast<BatchNorm1d>(children[1].second), nullptr);
+  EXPECT_NE(std::dynamic_pointer_cast<Linear>(children[0].second), nullptr);
 }
 
 TEST(Module, NotCloneableSaysHowToFix) {
