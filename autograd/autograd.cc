@@ -2,6 +2,7 @@
 // SavedTensor's version check, hooks, detach, and record() which wires a forward
 // op's output into the graph. The engine that runs the graph is in engine.cc.
 #include <atomic>
+#include <mutex>
 
 #include "autograd/autograd.h"
 #include "autograd/graph.h"
@@ -224,6 +225,10 @@ Edge gradient_edge(const Tensor& t) {
   if (!m) return Edge{};
   if (m->grad_fn) return Edge{m->grad_fn};
   if (!m->requires_grad) return Edge{};
+  // Forwards on several threads (DataParallel replicas) may share a leaf: make
+  // its one AccumulateGrad under a lock so they all reach the same node.
+  static std::mutex accumulator_mutex;
+  std::lock_guard<std::mutex> lock(accumulator_mutex);
   std::shared_ptr<Node> acc = m->grad_accumulator.lock();
   if (!acc) {
     acc = std::make_shared<AccumulateGrad>(t);
