@@ -61,9 +61,7 @@ bool unary_is_float_only(UnaryOp op) {
 // y[0..n) = op(x[0..n)), both contiguous, C = float or double.
 template <typename C>
 void unary_contiguous(UnaryOp op, const C* x, C* y, int64_t n) {
-  using A = Eigen::Array<C, Eigen::Dynamic, 1>;
-  Eigen::Map<const A> X(x, n);
-  Eigen::Map<A> Y(y, n);
+  using detail::apply_vectorized;
   switch (op) {
     case UnaryOp::kNeg:
       for (int64_t i = 0; i < n; ++i) y[i] = -x[i];
@@ -74,17 +72,18 @@ void unary_contiguous(UnaryOp op, const C* x, C* y, int64_t n) {
     case UnaryOp::kRelu:  // NaN stays NaN (NaN < 0 is false)
       for (int64_t i = 0; i < n; ++i) y[i] = x[i] < C(0) ? C(0) : x[i];
       break;
-    case UnaryOp::kExp: Y = X.exp(); break;
-    case UnaryOp::kLog: Y = X.log(); break;
-    case UnaryOp::kSqrt: Y = X.sqrt(); break;
-    case UnaryOp::kTanh: Y = X.tanh(); break;
-    case UnaryOp::kSigmoid: Y = X.logistic(); break;
+    case UnaryOp::kExp: apply_vectorized(x, y, n, [](auto X, auto Y) { Y = X.exp(); }); break;
+    case UnaryOp::kLog: apply_vectorized(x, y, n, [](auto X, auto Y) { Y = X.log(); }); break;
+    case UnaryOp::kSqrt: apply_vectorized(x, y, n, [](auto X, auto Y) { Y = X.sqrt(); }); break;
+    case UnaryOp::kTanh: apply_vectorized(x, y, n, [](auto X, auto Y) { Y = X.tanh(); }); break;
+    case UnaryOp::kSigmoid: apply_vectorized(x, y, n, [](auto X, auto Y) { Y = X.logistic(); }); break;
     case UnaryOp::kGelu:
-      Y = C(0.5) * X * (C(1) + (X * C(kInvSqrt2)).erf());
+      apply_vectorized(x, y, n, [](auto X, auto Y) { Y = C(0.5) * X * (C(1) + (X * C(kInvSqrt2)).erf()); });
       break;
     case UnaryOp::kGeluGrad:
-      Y = C(0.5) * (C(1) + (X * C(kInvSqrt2)).erf()) +
-          X * (C(-0.5) * X.square()).exp() * C(kInvSqrt2Pi);
+      apply_vectorized(x, y, n, [](auto X, auto Y) {
+        Y = C(0.5) * (C(1) + (X * C(kInvSqrt2)).erf()) + X * (C(-0.5) * X.square()).exp() * C(kInvSqrt2Pi);
+      });
       break;
     case UnaryOp::kIsFinite:  // x - x is 0 for finite x, NaN for inf and NaN
       for (int64_t i = 0; i < n; ++i) y[i] = (x[i] - x[i]) == C(0) ? C(1) : C(0);

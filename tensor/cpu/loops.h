@@ -2,8 +2,9 @@
 //
 // defines: fast scalar conversions between the storage types and their compute
 //          types (Half/BFloat16 <-> float with F16C when the build has it),
-//          bulk conversions of runs of 16-bit floats, and StridedLoop: the N-d
-//          iterator every elementwise-style kernel is built on.
+//          bulk conversions of runs of 16-bit floats, apply_vectorized (Eigen
+//          array functions with every element on the SIMD path), and StridedLoop:
+//          the N-d iterator every elementwise-style kernel is built on.
 //
 // StridedLoop takes a shape and, for each of N operands, strides in elements. It
 // drops size-1 dims, optionally orders the dims by one operand's strides (so that
@@ -27,6 +28,8 @@
 #if defined(__F16C__)
 #include <immintrin.h>
 #endif
+
+#include <Eigen/Core>
 
 #include "tensor/dtype.h"
 #include "tensor/tensor.h"
@@ -142,6 +145,39 @@ inline void store_run(const Compute<T>* src, T* dst, int64_t stride, int64_t n) 
   }
 #endif
   for (; i < n; ++i) dst[i * stride] = store<T>(src[i]);
+}
+
+// ---------------------------------------------------------------- Eigen array functions
+
+// Computes y[0..n) = f(x[0..n)) with an Eigen array expression so that *every* element goes
+// through Eigen's packet (SIMD) functions. Left to itself Eigen evaluates the elements before
+// the first aligned address of y, and the tail after the last full packet, with the scalar
+// functions (std::exp, ...), which round differently from the packet ones (pexp, ...): the
+// result would then depend on an element's position and on where the heap put a buffer, and
+// a resumed training run would diverge bitwise from an uninterrupted one. So: the bulk is
+// mapped directly when y is 32-byte aligned (tensor storage is 64-byte aligned), everything
+// else goes through an aligned, zero-padded block of kVecBlock elements.
+// f is called as f(Map<const Array> x, Map<Array, Aligned32> y), e.g. [](auto x, auto y) { y = x.exp(); }.
+template <typename C, typename F>
+void apply_vectorized(const C* x, C* y, int64_t n, F&& f) {
+  using A = Eigen::Array<C, Eigen::Dynamic, 1>;
+  using In = Eigen::Map<const A>;
+  using Out = Eigen::Map<A, Eigen::Aligned32>;
+  constexpr int64_t kVecBlock = 256;  // a multiple of every packet size
+  int64_t body = 0;
+  if (reinterpret_cast<uintptr_t>(y) % 32 == 0) {
+    body = n / kVecBlock * kVecBlock;
+    if (body > 0) f(In(x, body), Out(y, body));
+  }
+  alignas(64) C xb[kVecBlock];
+  alignas(64) C yb[kVecBlock];
+  for (int64_t i0 = body; i0 < n; i0 += kVecBlock) {
+    const int64_t m = std::min(kVecBlock, n - i0);
+    std::copy(x + i0, x + i0 + m, xb);
+    std::fill(xb + m, xb + kVecBlock, C(0));
+    f(In(xb, kVecBlock), Out(yb, kVecBlock));
+    std::copy(yb, yb + m, y + i0);
+  }
 }
 
 // ---------------------------------------------------------------- the strided loop

@@ -63,7 +63,6 @@ void store_block(const Compute<T>* buf, const Slab& s, int64_t j0, int64_t cols,
 template <typename T>
 void softmax_typed(const Tensor& in, int64_t dim, bool log, const Tensor& out) {
   using C = Compute<T>;
-  using A = Eigen::Array<C, Eigen::Dynamic, 1>;
   const Slab s = slab_of(in, dim, log ? "log_softmax" : "softmax");
   const T* x = in.data<T>();
   T* y = out.data<T>();
@@ -86,7 +85,7 @@ void softmax_typed(const Tensor& in, int64_t dim, bool log, const Tensor& out) {
         }
       for (int64_t k = 0; k < s.n; ++k)
         for (int64_t j = 0; j < cols; ++j) xb[static_cast<size_t>(k * cols + j)] -= m[static_cast<size_t>(j)];
-      Eigen::Map<A>(eb.data(), len) = Eigen::Map<const A>(xb.data(), len).exp();
+      detail::apply_vectorized(xb.data(), eb.data(), len, [](auto X, auto E) { E = X.exp(); });
       std::fill_n(sum.begin(), cols, 0.0);
       for (int64_t k = 0; k < s.n; ++k)
         for (int64_t j = 0; j < cols; ++j) sum[static_cast<size_t>(j)] += eb[static_cast<size_t>(k * cols + j)];
@@ -108,7 +107,6 @@ template <typename T>
 void softmax_backward_typed(const Tensor& grad_out, const Tensor& output, int64_t dim, bool log,
                             const Tensor& grad_in) {
   using C = Compute<T>;
-  using A = Eigen::Array<C, Eigen::Dynamic, 1>;
   const Slab s = slab_of(output, dim, log ? "log_softmax_backward" : "softmax_backward");
   const T* g = grad_out.data<T>();
   const T* y = output.data<T>();
@@ -130,8 +128,8 @@ void softmax_backward_typed(const Tensor& grad_out, const Tensor& output, int64_
           dot[static_cast<size_t>(j)] += log ? static_cast<double>(gb[i]) : static_cast<double>(gb[i]) * yb[i];
         }
       if (log) {
-        Eigen::Map<A> Y(yb.data(), len);
-        Y = Y.exp();  // y = log p -> p
+        // y = log p -> p (in place is fine: each block is read before it is written)
+        detail::apply_vectorized(yb.data(), yb.data(), len, [](auto Y, auto P) { P = Y.exp(); });
         for (int64_t k = 0; k < s.n; ++k)
           for (int64_t j = 0; j < cols; ++j) {
             const size_t i = static_cast<size_t>(k * cols + j);

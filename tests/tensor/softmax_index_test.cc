@@ -60,6 +60,19 @@ TEST(Softmax, StableForHugeLogits) {
   }
 }
 
+TEST(Softmax, BitwiseIndependentOfRowPositionAndHeap) {
+  Tensor row = random_tensor({1, 37}, DType::kFloat32, 9, -4, 4);
+  const std::vector<float> expected = softmax(row, 1).to_vector<float>();
+  const std::vector<float> expected_log = log_softmax(row, 1).to_vector<float>();
+  for (int64_t rows = 2; rows < 9; ++rows) {
+    Tensor batch = random_tensor({rows, 37}, DType::kFloat32, 10 + rows, -4, 4);
+    batch.narrow(0, rows - 1, 1).copy_(row);
+    std::vector<char> heap_noise(static_cast<size_t>(rows * 24));  // shifts later allocations
+    EXPECT_EQ(softmax(batch, 1).narrow(0, rows - 1, 1).to_vector<float>(), expected) << rows;
+    EXPECT_EQ(log_softmax(batch, 1).narrow(0, rows - 1, 1).to_vector<float>(), expected_log) << rows;
+  }
+}
+
 TEST(CrossEntropy, MatchesReferenceWithIgnoreAndSmoothing) {
   uint64_t seed = 50;
   for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kBFloat16}) {
