@@ -152,7 +152,8 @@ int run(const Options& opt) {
   nn::SGD sgd(model->parameters(), {.lr = lr, .momentum = opt.momentum, .weight_decay = opt.weight_decay,
                                     .nesterov = true});
   nn::CosineAnnealingLR schedule(sgd, epochs);
-  nn::CheckpointTargets targets{model.get(), &sgd, &schedule, &default_generator()};
+  nn::CheckpointTargets targets{
+      .model = model.get(), .optimizer = &sgd, .scheduler = &schedule, .generator = &default_generator()};
 
   std::printf("digits: %lld train / %lld test examples; model %s (%zu parameters); %d epochs, batch %lld, lr %g\n",
               static_cast<long long>(train->size()), static_cast<long long>(test->size()), opt.model.c_str(),

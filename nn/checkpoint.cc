@@ -160,6 +160,15 @@ void save_checkpoint(const std::string& stem, const CheckpointTargets& targets, 
   if (targets.generator != nullptr) {
     meta["rng"] = {{"seed", targets.generator->seed()}, {"offset", targets.generator->offset()}};
   }
+  if (!targets.extra_generators.empty()) {
+    json extra_rng = json::object();
+    for (const auto& [name, gen] : targets.extra_generators) {
+      RT_CHECK(gen != nullptr, "save_checkpoint(", stem, "): extra generator '", name, "' is null");
+      RT_CHECK(!extra_rng.contains(name), "save_checkpoint(", stem, "): extra generator '", name, "' given twice");
+      extra_rng[name] = {{"seed", gen->seed()}, {"offset", gen->offset()}};
+    }
+    meta["rng_extra"] = extra_rng;
+  }
 
   // Tensors first: until the JSON record lands, this checkpoint does not exist.
   const std::string tpath = tensors_path(stem);
@@ -281,6 +290,13 @@ CheckpointInfo load_checkpoint(const std::string& stem, const CheckpointTargets&
   if (targets.generator != nullptr && (rng.is_null() || !rng.contains("seed") || !rng.contains("offset"))) {
     problems.push_back("rng: the checkpoint has no generator state");
   }
+  const json& rng_extra = meta.value("rng_extra", json::object());
+  for (const auto& [name, gen] : targets.extra_generators) {
+    if (!rng_extra.is_object() || !rng_extra.contains(name) || !rng_extra[name].contains("seed") ||
+        !rng_extra[name].contains("offset")) {
+      problems.push_back("rng: the checkpoint has no state for generator '" + name + "'");
+    }
+  }
 
   if (!problems.empty()) {
     std::string msg = "checkpoint " + stem + " does not fit this run; nothing was loaded:";
@@ -311,6 +327,9 @@ CheckpointInfo load_checkpoint(const std::string& stem, const CheckpointTargets&
     stage = 3;
     if (targets.generator != nullptr) {
       targets.generator->set_state(rng["seed"].get<uint64_t>(), rng["offset"].get<uint64_t>());
+    }
+    for (const auto& [name, gen] : targets.extra_generators) {
+      gen->set_state(rng_extra[name]["seed"].get<uint64_t>(), rng_extra[name]["offset"].get<uint64_t>());
     }
   } catch (const std::exception& e) {
     if (stage >= 1) targets.model->load_state_dict(model_snapshot, true);

@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -57,6 +58,9 @@ struct CheckpointTargets {
   Optimizer* optimizer = nullptr;
   LRScheduler* scheduler = nullptr;
   Generator* generator = nullptr;  // e.g. &default_generator(): dropout, init, augmentation
+  // Further named streams, e.g. {"dropout1", &dropout_layer->generator()} for a Dropout
+  // built with its own seed. Saved under "rng_extra" in the JSON record.
+  std::vector<std::pair<std::string, Generator*>> extra_generators = {};
 };
 
 // Where training was: the epoch to run next and the global step (optimizer updates so far).

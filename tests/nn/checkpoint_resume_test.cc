@@ -89,7 +89,9 @@ struct TrainingRun {
     }
     sched = std::make_unique<StepLR>(*opt, 2, 0.5);
   }
-  CheckpointTargets targets() { return {model.get(), opt.get(), sched.get(), &dropout}; }
+  CheckpointTargets targets() {
+    return {.model = model.get(), .optimizer = opt.get(), .scheduler = sched.get(), .generator = &dropout};
+  }
 
   void train_epoch() {
     model->train();
@@ -269,7 +271,7 @@ TEST_F(CheckpointTest, DifferentModelListsEveryMismatchAndLoadsNothing) {
   TinyNet other(8, 32, 3, g, &d, /*extra_param=*/true);  // hidden 32 instead of 16, plus "scale"
   SGD opt(other.parameters(), {.lr = 0.1, .momentum = 0.9});
   auto w_before = bits(other.named_parameters()[0].second);
-  expect_ckpt_error([&] { load_checkpoint(stem, {&other, &opt, nullptr, nullptr}); },
+  expect_ckpt_error([&] { load_checkpoint(stem, {.model = &other, .optimizer = &opt}); },
                     {"nothing was loaded", "missing from the checkpoint: scale",
                      "shape mismatch: w1 (checkpoint [16, 8], model [32, 8])", "b1", "w2",
                      "param group 0 has 4 parameters in the checkpoint, 5 here"});
@@ -289,16 +291,39 @@ TEST_F(CheckpointTest, OptimizerTypeMismatchLeavesTheModelAlone) {
                     {"optimizer: checkpoint has \"SGD\", this run uses Adam"});
   EXPECT_EQ(before, bits(adam_run.model->named_parameters()[2].second));
   // Loading only the model from it works.
-  load_checkpoint(stem, {adam_run.model.get(), nullptr, nullptr, nullptr});
+  load_checkpoint(stem, {.model = adam_run.model.get()});
   expect_bitwise_equal(*sgd_run.model, *adam_run.model);
 }
 
 TEST_F(CheckpointTest, AskingForStateTheCheckpointLacksIsAnError) {
   TrainingRun run(1, false);
   std::string stem = save_checkpoint_stem();
-  save_checkpoint(stem, {run.model.get(), nullptr, nullptr, nullptr}, {0, 0});
+  save_checkpoint(stem, {.model = run.model.get()}, {0, 0});
   expect_ckpt_error([&] { load_checkpoint(stem, run.targets()); },
                     {"no optimizer state", "no LR schedule state", "no generator state"});
+}
+
+TEST_F(CheckpointTest, ExtraNamedGeneratorsAreRestored) {
+  TrainingRun run(1, false);
+  Generator a(5), b(6);
+  Tensor t = zeros({10});
+  uniform_(t, 0, 1, a);  // advance a
+  std::string stem = save_checkpoint_stem();
+  CheckpointTargets targets = run.targets();
+  targets.extra_generators = {{"augment", &a}, {"dropout2", &b}};
+  save_checkpoint(stem, targets, {0, 0});
+  const uint64_t a_offset = a.offset();
+  EXPECT_GT(a_offset, 0u);
+  a.manual_seed(77);
+  b.manual_seed(78);
+  load_checkpoint(stem, targets);
+  EXPECT_EQ(a.seed(), 5u);
+  EXPECT_EQ(a.offset(), a_offset);
+  EXPECT_EQ(b.seed(), 6u);
+  Generator c(9);
+  targets.extra_generators.emplace_back("missing", &c);
+  expect_ckpt_error([&] { load_checkpoint(stem, targets); }, {"no state for generator 'missing'"});
+  EXPECT_EQ(c.seed(), 9u);
 }
 
 }  // namespace
