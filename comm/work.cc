@@ -5,6 +5,7 @@ namespace ringtrain::comm {
 void WorkState::mark_completed() {
   std::lock_guard<std::mutex> lock(mutex_);
   completed_ = true;
+  completed_at_ = Clock::now();
   done_.notify_all();
 }
 
@@ -12,12 +13,18 @@ void WorkState::mark_failed(std::exception_ptr error) {
   std::lock_guard<std::mutex> lock(mutex_);
   error_ = std::move(error);
   completed_ = true;
+  completed_at_ = Clock::now();
   done_.notify_all();
 }
 
 bool WorkState::is_completed() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return completed_;
+}
+
+Clock::time_point WorkState::completed_at() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completed_at_;
 }
 
 bool WorkState::wait_for(std::chrono::milliseconds timeout) const {
@@ -32,6 +39,8 @@ bool WorkState::wait_for(std::chrono::milliseconds timeout) const {
 }
 
 bool Work::is_completed() const { return !state_ || state_->is_completed(); }
+
+Clock::time_point Work::completed_at() const { return state_ ? state_->completed_at() : Clock::time_point{}; }
 
 void Work::wait(std::chrono::milliseconds timeout) const {
   if (!state_) return;

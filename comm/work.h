@@ -28,6 +28,8 @@ class WorkState {
   void mark_completed();
   void mark_failed(std::exception_ptr error);
   bool is_completed() const;
+  // When the collective finished (steady clock); the epoch while it has not.
+  Clock::time_point completed_at() const;
   // Waits; returns false when `timeout` elapsed first. Rethrows a failure.
   bool wait_for(std::chrono::milliseconds timeout) const;
   const std::string& description() const { return description_; }
@@ -37,6 +39,7 @@ class WorkState {
   mutable std::mutex mutex_;
   mutable std::condition_variable done_;
   bool completed_ = false;
+  Clock::time_point completed_at_{};  // set with completed_ (for timelines)
   std::exception_ptr error_;  // set when the collective failed
 };
 
@@ -54,6 +57,8 @@ class Work {
 
   // True when finished, successfully or not (wait() then returns or throws at once).
   bool is_completed() const;
+  // When it finished (steady clock), for timelines; the epoch while still running.
+  Clock::time_point completed_at() const;
   // Blocks until done; rethrows the collective's failure. Throws CommTimeoutError
   // (the collective keeps running on the comm thread; its own timeout ends it) when
   // `timeout` passes first.

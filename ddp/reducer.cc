@@ -172,6 +172,7 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
   ready_order_.clear();
   next_bucket_ = 0;
   timings_.clear();
+  grad_ready_ms_.clear();
   for (auto& bucket : buckets_) {
     bucket.pending = bucket.variable_indices.size();
     bucket.launched = false;
@@ -219,6 +220,7 @@ void Reducer::on_gradient_ready(size_t index) {
            "backward pass (was it marked unused by find_unused_parameters, or is backward run twice "
            "per forward?)");
   last_hook_time_ = Clock::now();
+  grad_ready_ms_.emplace_back(index, ms_between(backward_start_, last_hook_time_));
   mark_variable_ready(index, true);
 }
 
@@ -297,9 +299,10 @@ void Reducer::finalize_backward() {
     bucket.work.wait(group_->options().timeout);
     if (bucket.finish) bucket.finish();
     bytes += bucket.flat.nbytes();
+    Clock::time_point done = bucket.work.completed_at();
+    if (done == Clock::time_point{}) done = Clock::now();  // an empty Work (nothing to reduce)
     timings_.push_back({b, bucket.flat.nbytes(), ms_between(backward_start_, bucket.ready_time),
-                        ms_between(backward_start_, bucket.launch_time),
-                        ms_between(backward_start_, Clock::now())});
+                        ms_between(backward_start_, bucket.launch_time), ms_between(backward_start_, done)});
   }
   stats_.comm_wait_ms = ms_between(wait_start, Clock::now());
 

@@ -120,9 +120,12 @@ class Reducer {
   struct BucketTiming {
     size_t bucket = 0;
     size_t bytes = 0;
-    double ready_ms = 0, launch_ms = 0, done_ms = 0;  // since prepare_for_backward
+    double ready_ms = 0, launch_ms = 0, done_ms = 0;  // since prepare_for_backward; done = Work completion
   };
   const std::vector<BucketTiming>& last_bucket_timings() const { return timings_; }
+  // (parameter index, ms since prepare_for_backward) in the order gradients became ready.
+  const std::vector<std::pair<size_t, double>>& last_grad_ready_times() const { return grad_ready_ms_; }
+  const std::string& parameter_name(size_t index) const { return names_.at(index); }
 
  private:
   void build_buckets(const std::vector<size_t>& order);
@@ -161,6 +164,7 @@ class Reducer {
   std::vector<bool> static_unused_;      // static_graph: params unused in step 1
   StepStats stats_;
   std::vector<BucketTiming> timings_;
+  std::vector<std::pair<size_t, double>> grad_ready_ms_;  // this step's hook times
 };
 
 // The default hook: in-place allreduce with ReduceOp::kAvg.

@@ -1,0 +1,46 @@
+// timeline.cc: see timeline.h. The Chrome trace event format: a JSON object with
+// "traceEvents": complete events ("ph": "X", ts + dur in microseconds), instants
+// ("ph": "i") and metadata ("ph": "M") naming the lanes.
+#include "ddp/timeline.h"
+
+#include <nlohmann/json.hpp>
+
+#include "tensor/safetensors.h"
+
+namespace ringtrain::ddp {
+
+void write_chrome_trace(const std::string& path, const Reducer& reducer, double forward_ms, int rank) {
+  enum Lane { kCompute = 1, kGrads = 2, kComm = 3 };
+  nlohmann::json events = nlohmann::json::array();
+  auto lane_name = [&](int tid, const char* name) {
+    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", tid}, {"args", {{"name", name}}}});
+  };
+  lane_name(kCompute, "compute");
+  lane_name(kGrads, "gradient ready");
+  lane_name(kComm, "comm (bucket allreduce)");
+  events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank}, {"args", {{"name", "rank " + std::to_string(rank)}}}});
+  // Times in the reducer are relative to the end of forward; shift by forward_ms.
+  auto us = [&](double ms_after_forward) { return (forward_ms + ms_after_forward) * 1000.0; };
+  auto span = [&](int tid, const std::string& name, double begin_us, double end_us, nlohmann::json args = {}) {
+    nlohmann::json e = {{"ph", "X"}, {"name", name}, {"pid", rank}, {"tid", tid}, {"ts", begin_us},
+                        {"dur", std::max(0.0, end_us - begin_us)}};
+    if (!args.is_null()) e["args"] = std::move(args);
+    events.push_back(std::move(e));
+  };
+  const StepStats& stats = reducer.last_stats();
+  span(kCompute, "forward", 0, forward_ms * 1000.0);
+  span(kCompute, "backward", us(0), us(stats.backward_compute_ms));
+  span(kCompute, "finalize: wait for allreduces", us(stats.backward_compute_ms), us(stats.backward_ms));
+  for (const auto& [index, ms] : reducer.last_grad_ready_times())
+    events.push_back({{"ph", "i"}, {"s", "t"}, {"name", "grad " + reducer.parameter_name(index)}, {"pid", rank},
+                      {"tid", kGrads}, {"ts", us(ms)}});
+  for (const auto& t : reducer.last_bucket_timings()) {
+    std::string bucket = "bucket " + std::to_string(t.bucket);
+    if (t.launch_ms > t.ready_ms) span(kComm, bucket + ": waiting for its turn", us(t.ready_ms), us(t.launch_ms));
+    span(kComm, "allreduce " + bucket, us(t.launch_ms), us(t.done_ms),
+         {{"bytes", t.bytes}, {"MiB", static_cast<double>(t.bytes) / (1 << 20)}});
+  }
+  write_file_atomically(path, nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump(1));
+}
+
+}  // namespace ringtrain::ddp
