@@ -1,0 +1,44 @@
+// device_parser.h: "which devices?" answered the way PyTorch Lightning answers it.
+//
+// defines: DeviceSelection, parse_devices (from text or an int), parse_device_list.
+//
+// Lightning's `gpus` / `devices` argument takes many spellings; users bring them
+// from their scripts and sbatch files, so we accept the same ones and mean the same
+// thing by them:
+//
+//   spelling                 | meaning
+//   -------------------------+-----------------------------------------------------
+//   0, "0", "", "none",      | CPU (no GPU)
+//   "None", "cpu", []        |
+//   N > 0, "N"               | the first N GPUs: 0..N-1 (an int COUNTS; "2" is 2 GPUs)
+//   -1, "-1", "auto"         | every GPU there is ("auto": CPU when there is none)
+//   "0,1", "1,", "[0, 1]",   | exactly these GPU indices (a comma or brackets make a
+//   {0, 1}                   | LIST: "1," is GPU 1, "1" is one GPU, i.e. GPU 0)
+//
+// The result is checked against the GPUs this machine has: asking for more than
+// there are, an index that does not exist, a repeated index, or -1 with no GPU at
+// all is an error that says what was asked, what is there, and what to write.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace ringtrain::slurm {
+
+struct DeviceSelection {
+  std::vector<int> cuda_devices;  // the chosen GPU indices, in the order given; empty: CPU
+  bool is_cpu() const { return cuda_devices.empty(); }
+  std::string describe() const;  // "cpu" or "cuda:0,1"
+};
+
+// `spec` as a user writes it (command line, config file). `available_gpus` is how
+// many GPUs this process can see; the overload without it asks the CUDA runtime
+// (tensor/cuda/runtime.h; 0 on a machine without a GPU or driver).
+DeviceSelection parse_devices(const std::string& spec, int available_gpus);
+DeviceSelection parse_devices(const std::string& spec);
+// An int as Lightning takes it: 0 CPU, N the first N, -1 all.
+DeviceSelection parse_devices(int count, int available_gpus);
+// An explicit index list (Lightning's gpus=[0, 1]); empty: CPU.
+DeviceSelection parse_device_list(const std::vector<int>& indices, int available_gpus);
+
+}  // namespace ringtrain::slurm
