@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "comm/cuda_staging.h"
@@ -51,22 +52,55 @@ void ProcessGroup::stop() {
   }
   worker_.join();
   // The store lives in world rank 0's process: rank 0 must not leave (and take the
-  // store with it) while other ranks may still use it. Everyone checks out; rank 0
-  // waits for all. Skipped after a failure, when some ranks may never check out.
-  if (context_.is_world && !failed_) {
+  // store with it) while other ranks may still use it, e.g. to read the error that
+  // explains their failure. Everyone checks out; rank 0 waits for all of them, or,
+  // after a failure, for all that are still alive (at most kFailureGrace).
+  if (context_.is_world) {
     try {
-      context_.store->add(context_.prefix + "/shutdown", 1);
-      if (context_.rank == 0) {
-        context_.store->wait_at_least(context_.prefix + "/shutdown", context_.size,
-                                      std::chrono::seconds(60));
+      const std::string key = context_.prefix + "/shutdown";
+      context_.store->add(key, 1);
+      if (context_.rank == 0 && !failed_) {
+        context_.store->wait_at_least(key, context_.size, std::chrono::seconds(60));
+      } else if (context_.rank == 0) {
+        wait_for_survivors(key);
       }
     } catch (const std::exception&) {
-      // best effort: a peer that is gone cannot check out
+      // best effort: a store that is gone cannot be waited on
     }
   }
 }
 
+void ProcessGroup::wait_for_survivors(const std::string& key) {
+  constexpr auto kFailureGrace = std::chrono::seconds(5);
+  const Deadline deadline = Clock::now() + kFailureGrace;
+  while (Clock::now() < deadline) {
+    // ranks known to be gone: named dead by a peer, or dead of an uncaught exception
+    std::vector<bool> gone(context_.size, false);
+    for (int r = 0; r < context_.size; ++r) {
+      auto text = context_.store->try_get(error_key(context_.world_ranks[r]));
+      if (!text) continue;
+      json record = json::parse(*text);
+      if (record["kind"] == "exception" &&
+          record["message"].get<std::string>().rfind("uncaught exception", 0) == 0) {
+        gone[r] = true;
+      }
+      int dead = record.value("dead_rank", -1);
+      for (int q = 0; q < context_.size; ++q) {
+        if (context_.world_ranks[q] == dead) gone[q] = true;
+      }
+    }
+    int64_t expected = context_.size - std::count(gone.begin(), gone.end(), true);
+    if (context_.store->add(key, 0) >= expected) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 std::string ProcessGroup::describe(const Collective& c) const {
+  return describe_collective(c, backend_name(), context_.rank, context_.size);
+}
+
+std::string ProcessGroup::describe_collective(const Collective& c, const char* backend, int rank,
+                                              int size) {
   std::string text = detail::concat(collective_op_name(c.op), " #", c.seq, " (");
   if (c.op != CollectiveOp::kBarrier) {
     text += detail::concat(dtype_name(c.input.dtype), " x ", c.input.count);
@@ -80,8 +114,7 @@ std::string ProcessGroup::describe(const Collective& c) const {
   }
   if (c.op == CollectiveOp::kSend) text += detail::concat(", to ", c.peer, ", tag ", c.tag);
   if (c.op == CollectiveOp::kRecv) text += detail::concat(", from ", c.peer, ", tag ", c.tag);
-  return text + detail::concat(") on ", backend_name(), " group rank ", context_.rank, "/",
-                               context_.size);
+  return text + detail::concat(") on ", backend, " group rank ", rank, "/", size);
 }
 
 // ---------------------------------------------------------------- issuing
@@ -202,17 +235,33 @@ Work ProcessGroup::enqueue(Collective c) {
   Pending pending;
   bool on_device = c.input.device.is_cuda() || (uses_output(c.op) && c.output.device.is_cuda());
   if (on_device) pending.ready_event = record_stream_event(c.input.device.index);
-  {
-    std::lock_guard<std::mutex> lock(queue_mutex_);
-    RT_CHECK(!stopping_, name, ": the process group is shutting down");
-    c.seq = next_seq_++;
-    pending.collective = c;
-    pending.state = std::make_shared<WorkState>(describe(c));
-    Work work(pending.state);
-    queue_.push_back(std::move(pending));
-    queue_changed_.notify_one();
+  std::unique_lock<std::mutex> lock(queue_mutex_);
+  RT_CHECK(!stopping_, name, ": the process group is shutting down");
+  c.seq = next_seq_++;
+  pending.collective = c;
+  pending.state = std::make_shared<WorkState>(
+      [c, backend = backend_name(), rank = context_.rank, size = context_.size] {
+        return describe_collective(c, backend, rank, size);
+      });
+  Work work(pending.state);
+  // Fast path (see kInlineBytes): a small host collective on an idle group runs
+  // right here, saving the two thread hand-offs that dominate its latency. Order is
+  // kept: nothing is queued or running, and the comm thread waits while busy_.
+  const size_t bytes = std::max(c.input.nbytes(), uses_output(c.op) ? c.output.nbytes() : 0);
+  if (!on_device && bytes <= kInlineBytes && queue_.empty() && !busy_) {
+    busy_ = true;
+    lock.unlock();
+    execute(pending);
+    lock.lock();
+    busy_ = false;
+    // wake the comm thread only if work was queued meanwhile: a needless wake-up
+    // costs a context switch on a core the peer rank may be spinning on
+    if (!queue_.empty() || stopping_) queue_changed_.notify_all();
     return work;
   }
+  queue_.push_back(std::move(pending));
+  queue_changed_.notify_all();
+  return work;
 }
 
 // ---------------------------------------------------------------- the comm thread
@@ -222,12 +271,15 @@ void ProcessGroup::worker_loop() {
     Pending pending;
     {
       std::unique_lock<std::mutex> lock(queue_mutex_);
-      queue_changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      queue_changed_.wait(lock, [&] { return (stopping_ && !busy_) || (!queue_.empty() && !busy_); });
       if (queue_.empty()) return;  // stopping, and everything queued has run
       pending = std::move(queue_.front());
       queue_.pop_front();
+      busy_ = true;
     }
     execute(pending);
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    busy_ = false;
   }
 }
 

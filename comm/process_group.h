@@ -72,6 +72,11 @@ struct GroupContext {
 
 class ProcessGroup {
  public:
+  // Host collectives up to this size issued while the group is idle run on the
+  // calling thread (the Work comes back completed): for them the hand-off to the
+  // comm thread and back costs more than the collective itself.
+  static constexpr size_t kInlineBytes = 32 << 10;
+
   virtual ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
@@ -141,6 +146,8 @@ class ProcessGroup {
   virtual void close_transports() {}
 
   std::string describe(const Collective& collective) const;
+  static std::string describe_collective(const Collective& collective, const char* backend,
+                                         int rank, int size);
   const GroupContext& context() const { return context_; }
 
  private:
@@ -157,6 +164,7 @@ class ProcessGroup {
   void check_same_collective(const Collective& collective);
   // Turns the exception of a failed collective into the error every later wait sees.
   std::exception_ptr explain_failure(std::exception_ptr error, const Collective& collective);
+  void wait_for_survivors(const std::string& shutdown_key);
   void publish_error(const std::string& kind, const std::string& message, int dead_rank);
 
   GroupContext context_;
@@ -168,6 +176,7 @@ class ProcessGroup {
   std::condition_variable queue_changed_;
   std::deque<Pending> queue_;
   bool stopping_ = false;
+  bool busy_ = false;                // a collective is executing (comm thread or inline)
   std::thread worker_;
 };
 

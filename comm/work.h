@@ -13,6 +13,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -24,7 +25,9 @@ namespace ringtrain::comm {
 // Shared between the Work handles and the comm thread that runs the collective.
 class WorkState {
  public:
-  explicit WorkState(std::string description) : description_(std::move(description)) {}
+  // describe() is called only when a description is needed (an error, a timeout):
+  // formatting it for every collective would cost more than a small allreduce.
+  explicit WorkState(std::function<std::string()> describe) : describe_(std::move(describe)) {}
   void mark_completed();
   void mark_failed(std::exception_ptr error);
   bool is_completed() const;
@@ -32,10 +35,10 @@ class WorkState {
   Clock::time_point completed_at() const;
   // Waits; returns false when `timeout` elapsed first. Rethrows a failure.
   bool wait_for(std::chrono::milliseconds timeout) const;
-  const std::string& description() const { return description_; }
+  std::string description() const { return describe_(); }
 
  private:
-  std::string description_;  // "allreduce #12 (float32 x 1024, sum) on ring rank 0/2"
+  std::function<std::string()> describe_;  // -> "allreduce #12 (float32 x 1024, sum) on ring group rank 0/2"
   mutable std::mutex mutex_;
   mutable std::condition_variable done_;
   bool completed_ = false;

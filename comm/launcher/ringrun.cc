@@ -170,6 +170,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "ringrun: cannot run '%s': %s\n", args[0], std::strerror(errno));
       _exit(127);
     }
+    setpgid(pid, pid);  // also here: no race with the child's own setpgid
     workers[local] = {pid, rank, true};
   }
 
@@ -177,8 +178,10 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   bool stopping = false;
   auto kill_deadline = std::chrono::steady_clock::time_point::max();
+  // Each worker leads its own process group: signal the group, so that whatever the
+  // worker started (a shell's children, data-loader processes) gets it too.
   auto stop_others = [&](int sig) {
-    for (auto& w : workers) if (w.running) kill(w.pid, sig);
+    for (auto& w : workers) if (w.running) kill(-w.pid, sig);
   };
   while (running > 0) {
     timespec tick{0, 100 * 1000 * 1000};

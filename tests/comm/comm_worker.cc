@@ -78,6 +78,8 @@ int main(int argc, char** argv) {
       pg->allreduce({data.data(), data.size(), DType::kFloat32}).wait();
     }
   } catch (const std::exception& e) {
+    // the injected exception must stay uncaught: that is what the test is about
+    if (mode == "throw" && rank == victim) throw;
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
     std::cerr << "rank " << rank << " failed after " << ms.count() << " ms: " << e.what() << std::endl;
     return 3;

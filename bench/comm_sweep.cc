@@ -1,0 +1,236 @@
+// comm_sweep: allreduce bus bandwidth from 8 B to 256 MiB, ours beside
+// MPI_Allreduce on the same buffers, in the same run, with memcpy as the roof.
+//
+//   mpirun -np 2 --oversubscribe --allow-run-as-root build/bench/comm_sweep --backend ring
+//   ringrun --nproc-per-node 2 build/bench/comm_sweep            (no MPI reference: not under mpirun)
+//   srun -n 2 build/bench/comm_sweep                             (idem)
+//
+// Columns follow nccl-tests (src/common.cu): size, count, type, redop, time (the
+// median over --iters timed repetitions after --warmup untimed ones, the slowest
+// rank's median), algbw = size / time, busbw = algbw * 2(n-1)/n (what each link
+// carries in a ring allreduce, comparable across rank counts), and #wrong: the
+// elements that differ from the exact answer, checked after every timed
+// repetition (inputs are small integers, so every sum is exact). A run with any
+// #wrong exits 1: a benchmark that times wrong results is worthless.
+//
+// Each repetition restores the input from a pristine copy (untimed) because the
+// allreduce is in place, then a barrier lines the ranks up, then the timed call.
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "comm/init.h"
+#include "comm/mpi_runtime.h"
+
+using namespace ringtrain;
+using namespace ringtrain::comm;
+
+namespace {
+
+using Seconds = std::chrono::duration<double>;
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+struct Result {
+  double time_us = 0;
+  double algbw = 0;
+  double busbw = 0;
+  int64_t wrong = 0;
+};
+
+// The input of rank r, element i: small integers, so the sum is exact in float.
+float input_value(int rank, size_t i) { return static_cast<float>(rank + static_cast<int>(i % 7)); }
+float expected_sum(int n, size_t i) {
+  return static_cast<float>(n * static_cast<int>(i % 7) + n * (n - 1) / 2);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"comm_sweep: allreduce bandwidth sweep (nccl-tests columns), ours vs MPI_Allreduce"};
+  std::string backend = "ring";
+  std::string min_text = "8";
+  std::string max_text = "256M";
+  int warmup = 3;
+  int iters = 20;
+  bool mpi_reference = true;
+  std::string json_path;
+  app.add_option("--backend", backend, "ring, mpi or nccl")->capture_default_str();
+  app.add_option("--min-bytes", min_text, "smallest size (K, M, G suffixes)")->capture_default_str();
+  app.add_option("--max-bytes", max_text, "largest size")->capture_default_str();
+  app.add_option("--warmup", warmup, "untimed repetitions per size")->capture_default_str();
+  app.add_option("--iters", iters, "timed repetitions per size (fewer above 16 MiB, at least 5)")
+      ->capture_default_str();
+  app.add_flag("!--no-mpi", mpi_reference, "skip the MPI_Allreduce reference");
+  app.add_option("--json", json_path, "also write the rows as JSON (for the plot)");
+  CLI11_PARSE(app, argc, argv);
+  auto parse_size = [](std::string text) {
+    size_t scale = 1;
+    char last = text.empty() ? ' ' : static_cast<char>(std::toupper(text.back()));
+    if (last == 'K' || last == 'M' || last == 'G') {
+      scale = last == 'K' ? 1u << 10 : last == 'M' ? 1u << 20 : 1u << 30;
+      text.pop_back();
+    }
+    return static_cast<size_t>(std::stoull(text)) * scale;
+  };
+  const size_t min_bytes = std::max<size_t>(4, parse_size(min_text));
+  const size_t max_bytes = parse_size(max_text);
+
+  InitOptions options;
+  options.backend = backend;
+  auto pg = init_process_group(options);
+  const int rank = pg->rank();
+  const int n = pg->size();
+  // The MPI reference needs MPI's world to be ours: only under mpirun (mpi:// init).
+  int mpi_initialized = 0;
+  MPI_Initialized(&mpi_initialized);
+  if (mpi_reference && (!mpi_initialized || launch_info().method != "mpi")) {
+    if (rank == 0) std::printf("# MPI reference skipped: not launched by mpirun (init %s)\n", launch_info().method.c_str());
+    mpi_reference = false;
+  }
+
+  // ---- memcpy bandwidth, the roof: rank 0 copies 64 MiB while the others wait
+  double memcpy_gbps = 0;
+  {
+    const size_t bytes = std::min<size_t>(64u << 20, std::max<size_t>(max_bytes, 1u << 20));
+    std::vector<char> a(bytes, 1), b(bytes, 2);
+    pg->barrier().wait();
+    if (rank == 0) {
+      std::vector<double> times;
+      for (int i = 0; i < 11; ++i) {
+        auto t0 = std::chrono::steady_clock::now();
+        std::memcpy(i % 2 ? a.data() : b.data(), i % 2 ? b.data() : a.data(), bytes);
+        times.push_back(Seconds(std::chrono::steady_clock::now() - t0).count());
+      }
+      memcpy_gbps = bytes / median(times) / 1e9;
+    }
+    pg->barrier().wait();
+  }
+
+  if (rank == 0) {
+    std::printf("# comm_sweep: allreduce, %d ranks, backend %s, init %s, warmup %d, iters %d (median)\n",
+                n, backend.c_str(), launch_info().method.c_str(), warmup, iters);
+    std::printf("# memcpy bandwidth (rank 0, 64 MiB, same run): %.2f GB/s\n", memcpy_gbps);
+    std::printf("#\n# %10s %12s %8s %6s | %10s %8s %8s %7s |%s\n", "size", "count", "type", "redop",
+                "time", "algbw", "busbw", "#wrong",
+                mpi_reference ? "   MPI time  MPI busbw  #wrong | busbw ratio" : "");
+    std::printf("# %10s %12s %8s %6s | %10s %8s %8s %7s |%s\n", "(B)", "(elements)", "", "", "(us)",
+                "(GB/s)", "(GB/s)", "", mpi_reference ? "       (us)     (GB/s)         |  ours/MPI" : "");
+  }
+
+  nlohmann::json rows = nlohmann::json::array();
+  int64_t total_wrong = 0;
+  std::vector<float> data(max_bytes / sizeof(float) + 1), pristine(data.size());
+  for (size_t i = 0; i < data.size(); ++i) pristine[i] = input_value(rank, i);
+
+  for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
+    const size_t count = bytes / sizeof(float);
+    const int reps = bytes > (16u << 20) ? std::max(5, static_cast<int>(iters * (16u << 20) / bytes)) : iters;
+    auto measure = [&](auto&& allreduce, auto&& barrier) {
+      std::vector<double> times;
+      int64_t wrong = 0;
+      for (int rep = 0; rep < warmup + reps; ++rep) {
+        std::memcpy(data.data(), pristine.data(), count * sizeof(float));
+        barrier();
+        auto t0 = std::chrono::steady_clock::now();
+        allreduce();
+        double t = Seconds(std::chrono::steady_clock::now() - t0).count();
+        if (rep < warmup) continue;
+        times.push_back(t);
+        for (size_t i = 0; i < count; ++i) wrong += data[i] != expected_sum(n, i);
+      }
+      // the slowest rank's median is the collective's time
+      double mine = median(times);
+      double slowest = mine;
+      pg->allreduce({&slowest, 1, DType::kFloat64}, ReduceOp::kMax).wait();
+      pg->allreduce({&wrong, 1, DType::kInt64}, ReduceOp::kSum).wait();
+      Result result;
+      result.time_us = slowest * 1e6;
+      result.algbw = bytes / slowest / 1e9;
+      result.busbw = result.algbw * 2.0 * (n - 1) / n;
+      result.wrong = wrong;
+      return result;
+    };
+    Result ours = measure(
+        [&] { pg->allreduce({data.data(), count, DType::kFloat32}, ReduceOp::kSum).wait(); },
+        [&] { pg->barrier().wait(); });
+    Result mpi;
+    if (mpi_reference) {
+      mpi = measure(
+          [&] {
+            std::lock_guard<std::mutex> lock(mpi_call_mutex());
+            MPI_Allreduce(MPI_IN_PLACE, data.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+          },
+          [&] {
+            std::lock_guard<std::mutex> lock(mpi_call_mutex());
+            MPI_Barrier(MPI_COMM_WORLD);
+          });
+    }
+    total_wrong += ours.wrong + mpi.wrong;
+    if (rank == 0) {
+      std::printf("  %10zu %12zu %8s %6s | %10.2f %8.3f %8.3f %7lld |", bytes, count, "float", "sum",
+                  ours.time_us, ours.algbw, ours.busbw, static_cast<long long>(ours.wrong));
+      if (mpi_reference) {
+        std::printf(" %10.2f %10.3f %7lld | %8.2f", mpi.time_us, mpi.busbw,
+                    static_cast<long long>(mpi.wrong), ours.busbw / mpi.busbw);
+      }
+      std::printf("\n");
+      std::fflush(stdout);
+      nlohmann::json row{{"bytes", bytes}, {"time_us", ours.time_us}, {"busbw", ours.busbw},
+                         {"algbw", ours.algbw}, {"wrong", ours.wrong}};
+      if (mpi_reference) {
+        row["mpi_time_us"] = mpi.time_us;
+        row["mpi_busbw"] = mpi.busbw;
+        row["mpi_wrong"] = mpi.wrong;
+      }
+      rows.push_back(row);
+    }
+  }
+
+  if (rank == 0) {
+    // The targets, computed from the rows above.
+    if (mpi_reference) {
+      double min_ratio = 1e9;
+      double max_busbw = 0;
+      for (const auto& row : rows) {
+        size_t b = row["bytes"];
+        if (b >= (1u << 20) && b <= (64u << 20)) {
+          min_ratio = std::min(min_ratio, row["busbw"].get<double>() / row["mpi_busbw"].get<double>());
+          max_busbw = std::max(max_busbw, row["busbw"].get<double>());
+        }
+      }
+      if (min_ratio < 1e9) {
+        std::printf("# target: busbw >= 1.25x MPI from 1 to 64 MiB: worst ratio %.2f -> %s\n", min_ratio,
+                    min_ratio >= 1.25 ? "met" : "MISSED");
+        std::printf("# target: busbw >= memcpy/2 = %.2f GB/s: best busbw in 1-64 MiB %.2f GB/s -> %s\n",
+                    memcpy_gbps / 2, max_busbw, max_busbw >= memcpy_gbps / 2 ? "met" : "MISSED");
+      }
+      const auto& first = rows.front();
+      if (first["bytes"].get<size_t>() == 8) {
+        double ratio = first["time_us"].get<double>() / first["mpi_time_us"].get<double>();
+        std::printf("# target: 8 B latency <= 2x MPI: %.2f us vs %.2f us = %.2fx -> %s\n",
+                    first["time_us"].get<double>(), first["mpi_time_us"].get<double>(), ratio,
+                    ratio <= 2.0 ? "met" : "MISSED");
+      }
+    }
+    std::printf("# total #wrong: %lld\n", static_cast<long long>(total_wrong));
+    if (!json_path.empty()) {
+      std::ofstream out(json_path);
+      out << nlohmann::json{{"ranks", n}, {"backend", backend}, {"memcpy_gbps", memcpy_gbps}, {"rows", rows}}.dump(1);
+    }
+  }
+  pg.reset();
+  return total_wrong == 0 ? 0 : 1;
+}
