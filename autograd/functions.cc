@@ -14,6 +14,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "autograd/autocast.h"
 #include "autograd/graph.h"
 #include "tensor/checks.h"
 
@@ -23,6 +24,28 @@ namespace rt = ::ringtrain;
 using autograd::NoGradGuard;
 using autograd::record;
 using Ctx = autograd::BackwardContext;
+
+namespace {
+// Autocast (autograd/autocast.h): the dtype `t` should enter an op in. Tensors that
+// are undefined, not floating point, or already right pass through unchanged.
+Tensor autocast_input(const Tensor& t, DType dtype);
+}  // namespace
+
+// Under autocast, `op` reruns itself once with its floating inputs cast (half for
+// GEMM-like ops, float32 for softmax and losses); the rerun has autocast suspended.
+#define RT_AUTOCAST_HALF(...)                                               \
+  if (autograd::autocast_enabled()) {                                       \
+    const DType rt_cast_dtype_ = autograd::autocast_dtype();                \
+    autograd::AutocastSuspend rt_suspend_;                                  \
+    auto C = [&](const Tensor& t) { return autocast_input(t, rt_cast_dtype_); }; \
+    return __VA_ARGS__;                                                     \
+  }
+#define RT_AUTOCAST_FLOAT32(...)                                            \
+  if (autograd::autocast_enabled()) {                                       \
+    autograd::AutocastSuspend rt_suspend_;                                  \
+    auto C = [&](const Tensor& t) { return autocast_input(t, DType::kFloat32); }; \
+    return __VA_ARGS__;                                                     \
+  }
 using Grads = std::vector<Tensor>;
 
 namespace {
@@ -320,6 +343,7 @@ std::pair<Tensor, Tensor> max(const Tensor& a, int64_t dim, bool keepdim) {
 // matmul: y = a @ b  ->  g @ b^T, a^T @ g (summed over broadcast batch dims;
 // 1-D operands are treated as [1, k] / [k, 1] and squeezed back)
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  RT_AUTOCAST_HALF(ag::matmul(C(a), C(b)))
   return record("matmul", {a, b}, rt::matmul(a, b), {a, b},
                 [sa = a.shape(), sb = b.shape()](const Tensor& g, Ctx& c) -> Grads {
                   Tensor a = c.saved(0), b = c.saved(1);
@@ -344,6 +368,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 // linear: y = x W^T + b  ->  g @ W, g^T @ x, sum_rows(g)
 // (two GEMMs on transposed views: the kernels take strides, so nothing is copied)
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  RT_AUTOCAST_HALF(ag::linear(C(x), C(weight), C(bias)))
   return record("linear", {x, weight, bias}, rt::linear(x, weight, bias), {x, weight},
                 [](const Tensor& g, Ctx& c) -> Grads {
                   const Tensor& x = c.saved(0);
@@ -485,6 +510,7 @@ std::vector<Tensor> split(const Tensor& a, int64_t split_size, int64_t dim) {
 
 // conv2d: y = x * W + b  ->  conv_transpose(g, W), corr(x, g), sum_{n,h,w}(g)
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dParams& p) {
+  RT_AUTOCAST_HALF(ag::conv2d(C(input), C(weight), C(bias), p))
   return record("conv2d", {input, weight, bias}, rt::conv2d(input, weight, bias, p), {input, weight},
                 [p](const Tensor& g, Ctx& c) -> Grads {
                   const Tensor& x = c.saved(0);
@@ -516,6 +542,7 @@ Tensor avg_pool2d(const Tensor& input, const Pool2dParams& p) {
 
 // softmax: y = e^a / sum e^a  ->  y * (g - sum(g * y))
 Tensor softmax(const Tensor& a, int64_t dim) {
+  RT_AUTOCAST_FLOAT32(ag::softmax(C(a), dim))
   Tensor y = rt::softmax(a, dim);
   return record("softmax", {a}, y, {y}, [dim](const Tensor& g, Ctx& c) -> Grads {
     return {rt::softmax_backward(g, c.saved(0), dim)};
@@ -524,6 +551,7 @@ Tensor softmax(const Tensor& a, int64_t dim) {
 
 // log_softmax: y = a - log sum e^a  ->  g - e^y * sum(g)
 Tensor log_softmax(const Tensor& a, int64_t dim) {
+  RT_AUTOCAST_FLOAT32(ag::log_softmax(C(a), dim))
   Tensor y = rt::log_softmax(a, dim);
   return record("log_softmax", {a}, y, {y}, [dim](const Tensor& g, Ctx& c) -> Grads {
     return {rt::log_softmax_backward(g, c.saved(0), dim)};
@@ -689,6 +717,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
 //   ->  dlogits = (p - q) * w_i * g / sum_i w_i
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                      double label_smoothing) {
+  RT_AUTOCAST_FLOAT32(ag::cross_entropy(C(logits), targets, ignore_index, label_smoothing))
   RT_CHECK(logits.dim() == 2 && targets.dim() == 1 && targets.size(0) == logits.size(0),
            "cross_entropy: expects logits [N, C] and targets [N], got ", logits.describe(), " and ",
            targets.describe());
@@ -719,6 +748,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 
 // mse_loss: mean((x - t)^2)  ->  2 (x - t) g / n, -2 (x - t) g / n
 Tensor mse_loss(const Tensor& input, const Tensor& target) {
+  RT_AUTOCAST_FLOAT32(ag::mse_loss(C(input), C(target)))
   RT_CHECK(input.shape() == target.shape(), "mse_loss: input ", input.describe(), " and target ",
            target.describe(), " must have the same shape");
   Tensor diff = rt::sub(input, target);
@@ -729,5 +759,12 @@ Tensor mse_loss(const Tensor& input, const Tensor& target) {
     return {gi, c.needs(1) ? rt::neg(gi) : Tensor()};
   });
 }
+
+namespace {
+Tensor autocast_input(const Tensor& t, DType dtype) {
+  if (!t.defined() || !is_floating_point(t.dtype()) || t.dtype() == dtype) return t;
+  return ag::to(t, dtype);
+}
+}  // namespace
 
 }  // namespace ringtrain::ag

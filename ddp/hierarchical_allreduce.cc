@@ -30,8 +30,9 @@ HierarchicalAllreduce::~HierarchicalAllreduce() {
 }
 
 comm::Work HierarchicalAllreduce::allreduce_sum(comm::BufferRef buffer) {
-  auto state = std::make_shared<comm::WorkState>("hierarchical allreduce (" + std::to_string(buffer.count) +
-                                                 " x " + dtype_name(buffer.dtype) + ")");
+  auto state = std::make_shared<comm::WorkState>([buffer] {
+    return "hierarchical allreduce (" + std::to_string(buffer.count) + " x " + dtype_name(buffer.dtype) + ")";
+  });
   {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back({buffer, state});

@@ -3,6 +3,7 @@
 
 #include <limits>
 
+#include "autograd/autocast.h"
 #include "autograd/autograd.h"
 #include "autograd/functions.h"
 #include "ddp/loss_scaler.h"
@@ -98,6 +99,38 @@ TEST(MasterWeightsTest, OverflowSkipsTheStepAndLeavesTheModelUntouched) {
   EXPECT_EQ(scaler.get_scale(), 32768.0);
   auto params = model->parameters();
   for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(params[i].to_vector<float>(), before[i]);
+}
+
+TEST(AutocastTrainingTest, O1WithLossScalingTracksFloat32) {
+  // O1: float32 weights, GEMMs in float16 under autocast, losses in float32,
+  // gradients scaled against float16 underflow.
+  auto model = make_mlp(9);
+  auto reference = make_mlp(9);
+  nn::SGD opt(model->parameters(), {.lr = 0.2}), opt_ref(reference->parameters(), {.lr = 0.2});
+  LossScaler scaler;
+  Generator gen(13);
+  Tensor x = randn({64, 8}, gen);
+  Tensor y = mul(rand({64}, gen), 4.0).to(DType::kInt64);
+  for (int step = 0; step < 20; ++step) {
+    opt.zero_grad();
+    opt_ref.zero_grad();
+    Tensor loss;
+    {
+      autograd::AutocastGuard autocast(DType::kFloat16);
+      loss = ag::cross_entropy(model->forward(x), y);
+    }
+    ASSERT_EQ(loss.dtype(), DType::kFloat32);
+    autograd::backward(scaler.scale(loss));
+    std::vector<Tensor> grads;
+    for (auto& p : model->parameters()) grads.push_back(autograd::grad(p));
+    ASSERT_EQ(grads[0].dtype(), DType::kFloat32);
+    scaler.step(grads, [&] { opt.step(); });
+    scaler.update();
+    autograd::backward(ag::cross_entropy(reference->forward(x), y));
+    opt_ref.step();
+  }
+  auto pm = model->parameters(), pr = reference->parameters();
+  for (size_t i = 0; i < pm.size(); ++i) EXPECT_LT(max_abs_diff(pm[i], pr[i]), 2e-2) << "parameter " << i;
 }
 
 }  // namespace

@@ -1,0 +1,70 @@
+// Autocast (O1): GEMM-like ops in half precision, softmax/losses in float32,
+// float32 weights receiving float32 gradients.
+#include "autograd/autocast.h"
+
+#include <gtest/gtest.h>
+
+#include "autograd/autograd.h"
+#include "autograd/functions.h"
+#include "tensor/ops.h"
+
+namespace ringtrain::autograd {
+namespace {
+
+TEST(AutocastTest, GuardSetsAndRestoresThreadState) {
+  EXPECT_FALSE(autocast_enabled());
+  {
+    AutocastGuard guard(DType::kBFloat16);
+    EXPECT_TRUE(autocast_enabled());
+    EXPECT_EQ(autocast_dtype(), DType::kBFloat16);
+    {
+      AutocastSuspend suspend;
+      EXPECT_FALSE(autocast_enabled());
+    }
+    EXPECT_TRUE(autocast_enabled());
+  }
+  EXPECT_FALSE(autocast_enabled());
+  EXPECT_THROW(AutocastGuard(DType::kFloat32), Error);
+}
+
+TEST(AutocastTest, LinearRunsInHalfAndWeightsGetFloat32Gradients) {
+  for (DType half : {DType::kFloat16, DType::kBFloat16}) {
+    SCOPED_TRACE(dtype_name(half));
+    Generator gen(3);
+    Tensor x = randn({8, 16}, gen);
+    Tensor w = mul(randn({4, 16}, gen), 0.25);
+    Tensor b = randn({4}, gen);
+    set_requires_grad(w);
+    set_requires_grad(b);
+    Tensor y = mul(rand({8}, gen), 4.0).to(DType::kInt64);
+    // float32 reference
+    backward(ag::cross_entropy(ag::linear(x, w, b), y));
+    Tensor gw_ref = grad(w).clone(), gb_ref = grad(b).clone();
+    set_grad(w, Tensor());
+    set_grad(b, Tensor());
+    Tensor logits, loss;
+    {
+      AutocastGuard guard(half);
+      logits = ag::linear(x, w, b);
+      loss = ag::cross_entropy(logits, y);
+    }
+    EXPECT_EQ(logits.dtype(), half);             // the GEMM ran in half precision
+    EXPECT_EQ(loss.dtype(), DType::kFloat32);    // the loss was computed in float32
+    backward(loss);
+    EXPECT_EQ(grad(w).dtype(), DType::kFloat32);  // gradients reach the float32 weights
+    double tol = half == DType::kFloat16 ? 5e-3 : 3e-2;
+    EXPECT_LT(max_abs_diff(grad(w), gw_ref), tol);
+    EXPECT_LT(max_abs_diff(grad(b), gb_ref), tol);
+  }
+}
+
+TEST(AutocastTest, OutsideTheScopeNothingIsCast) {
+  Generator gen(1);
+  Tensor a = randn({3, 5}, gen), b = randn({5, 2}, gen);
+  EXPECT_EQ(ag::matmul(a, b).dtype(), DType::kFloat32);
+  AutocastGuard guard(DType::kFloat16, /*enabled=*/false);
+  EXPECT_EQ(ag::matmul(a, b).dtype(), DType::kFloat32);
+}
+
+}  // namespace
+}  // namespace ringtrain::autograd
