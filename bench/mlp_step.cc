@@ -129,6 +129,11 @@ class TorchProcess {
     if (line.empty()) throw std::runtime_error("the PyTorch script ended without an answer (see its stderr above)");
     return json::parse(line);
   }
+  json phases(int steps) {
+    std::fprintf(out_, "phases %d\n", steps);
+    std::fflush(out_);
+    return read_line();
+  }
   double time_steps(int steps) {
     std::fprintf(out_, "time %d\n", steps);
     std::fflush(out_);
@@ -210,6 +215,28 @@ int main(int argc, char** argv) {
       return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / k;
     };
 
+    // Where one step's time goes: forward+loss, backward, zero_grad+optimizer step.
+    auto phases_ours = [&](int k) {
+      using clock = std::chrono::steady_clock;
+      auto ms = [](clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
+      double fwd = 0, bwd = 0, upd = 0;
+      for (int i = 0; i < k; ++i) {
+        auto t0 = clock::now();
+        opt.zero_grad();
+        auto t1 = clock::now();
+        Tensor loss = ag::cross_entropy((*model)(x), y);
+        auto t2 = clock::now();
+        autograd::backward(loss);
+        auto t3 = clock::now();
+        opt.step();
+        auto t4 = clock::now();
+        fwd += ms(t2 - t1);
+        bwd += ms(t3 - t2);
+        upd += ms(t1 - t0) + ms(t4 - t3);
+      }
+      return json{{"forward_ms", fwd / k}, {"backward_ms", bwd / k}, {"optimizer_ms", upd / k}};
+    };
+
     std::vector<double> our_losses;
     for (int i = 0; i < check_steps; ++i) our_losses.push_back(step().item());
 
@@ -246,6 +273,10 @@ int main(int argc, char** argv) {
       if (torch) torch_ms.push_back(torch->time_steps(steps));
     }
 
+    // One phase split each, after the timed rounds (informational; the ratio uses the rounds).
+    json our_phases = phases_ours(steps);
+    json torch_phases = torch ? torch->phases(steps) : json();
+
     const double flops = [&] {
       double f = 0;
       for (size_t l = 0; l + 1 < dims.size(); ++l) f += 2.0 * batch * dims[l] * dims[l + 1];
@@ -260,7 +291,12 @@ int main(int argc, char** argv) {
     std::printf("%-10s %14s %11s %9s %9s %8s\n", "impl", "median ms/step", "min ms", "GFLOP/s", "ratio", "#wrong");
     std::printf("%-10s %14.3f %11.3f %9.1f %9s %8s\n", "ringtrain", om, omin, flops / om * 1e-6, "",
                 torch ? std::to_string(wrong).c_str() : "-");
-    json result = {{"ours_ms", ours_ms}, {"ours_median_ms", om}, {"our_losses", our_losses}};
+    auto print_phases = [](const char* who, const json& p) {
+      std::printf("  %-9s forward+loss %7.3f ms  backward %7.3f ms  zero_grad+step %7.3f ms\n", who,
+                  p.value("forward_ms", 0.0), p.value("backward_ms", 0.0), p.value("optimizer_ms", 0.0));
+    };
+    json result = {{"ours_ms", ours_ms}, {"ours_median_ms", om}, {"our_losses", our_losses},
+                   {"our_phases", our_phases}};
     if (torch) {
       double tm = median(torch_ms), tmin = *std::min_element(torch_ms.begin(), torch_ms.end());
       std::printf("%-10s %14.3f %11.3f %9.1f %9s %8s\n", "pytorch", tm, tmin, flops / tm * 1e-6, "", "");
@@ -270,6 +306,10 @@ int main(int argc, char** argv) {
                   wrong);
       std::printf("pytorch %s, BLAS: %s\n", torch_info.value("version", "?").c_str(),
                   torch_info.value("blas", "?").c_str());
+      std::printf("phases (%d steps each, after the rounds):\n", steps);
+      print_phases("ringtrain", our_phases);
+      print_phases("pytorch", torch_phases);
+      result["torch_phases"] = torch_phases;
       result["torch_ms"] = torch_ms;
       result["torch_median_ms"] = tm;
       result["ratio"] = om / tm;

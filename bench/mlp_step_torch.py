@@ -18,7 +18,8 @@ first `check_steps` steps so the C++ side can check both compute the same thing.
 --serve (how bench/mlp_step.cc drives it, so that the two implementations take
 turns on the CPU within one run): prints the setup JSON line (losses, version,
 BLAS), then answers each stdin line "time K" with {"ms_per_step": ...} after
-running K steps, until "quit" or end of input.
+running K steps, and "phases K" with the forward/backward/optimizer split, until
+"quit" or end of input.
 Run with one thread: torch.set_num_threads(1) and OMP/OPENBLAS_NUM_THREADS=1.
 """
 import argparse
@@ -107,6 +108,24 @@ def main():
         opt.step()
         return loss
 
+    def phases(k):
+        """ms per step spent in forward+loss, backward, and zero_grad+optimizer step."""
+        fwd = bwd = opt_ms = 0.0
+        for _ in range(k):
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            t1 = time.perf_counter()
+            loss = loss_fn(model(x), y)
+            t2 = time.perf_counter()
+            loss.backward()
+            t3 = time.perf_counter()
+            opt.step()
+            t4 = time.perf_counter()
+            fwd += t2 - t1
+            bwd += t3 - t2
+            opt_ms += (t1 - t0) + (t4 - t3)
+        return {"forward_ms": fwd * 1e3 / k, "backward_ms": bwd * 1e3 / k, "optimizer_ms": opt_ms * 1e3 / k}
+
     losses = [float(step().item()) for _ in range(a.check_steps)]
     info = {"impl": "pytorch", "version": torch.__version__, "threads": torch.get_num_threads(),
             "blas": loaded_blas(), "losses": losses}
@@ -117,6 +136,9 @@ def main():
             if not words or words[0] == "quit":
                 break
             k = int(words[1])
+            if words[0] == "phases":
+                print(json.dumps(phases(k)), flush=True)
+                continue
             t0 = time.perf_counter()
             for _ in range(k):
                 loss = step()
