@@ -1,7 +1,7 @@
 // caching_allocator.cc: the CUDA caching allocator and the cached pinned-host allocator.
 //
-// defines: caching_allocate, pinned_host_allocate, allocator_stats, empty_cache
-//          (declared in tensor/cuda/runtime.h).
+// defines: caching_allocate, record_stream, pinned_host_allocate, allocator_stats,
+//          empty_cache (declared in tensor/cuda/runtime.h).
 //
 // Why cache. cudaMalloc and cudaFree are slow (hundreds of microseconds) and
 // cudaFree synchronises the whole device. A training step allocates and frees
@@ -22,8 +22,12 @@
 //    allocated and is only reused for requests on that stream. Work on one
 //    stream runs in order, so a block freed on the host while its kernels are
 //    still queued can be handed to the next kernel on the same stream without
-//    any synchronisation: that kernel runs after the old ones. Using a buffer on
-//    another stream needs an event (the caller orders the streams; see DDP).
+//    any synchronisation: that kernel runs after the old ones. A buffer that is
+//    also used on another stream (DDP's communication stream reading a
+//    gradient) is declared with record_stream(ptr, stream): when such a block is
+//    freed we record an event on every stream that used it, and the block
+//    returns to the cache only once all those events have completed (checked,
+//    without blocking, at the next allocation). This is PyTorch's recordStream.
 //  * Best fit. Free blocks sit in a std::set ordered by (stream, size, address);
 //    lower_bound finds the smallest block of this stream that is big enough.
 //  * Out of memory. When cudaMalloc fails we return every wholly-free cached
@@ -101,6 +105,7 @@ struct Block {
   bool small = false;             // which pool it belongs to
   Block* prev = nullptr;          // neighbour at lower address in the same segment
   Block* next = nullptr;          // neighbour at higher address in the same segment
+  std::vector<cudaStream_t> stream_uses;  // other streams that used it (record_stream)
 };
 
 struct BlockLess {
@@ -112,10 +117,17 @@ struct BlockLess {
 };
 using BlockPool = std::set<Block*, BlockLess>;
 
+// A freed block that other streams used, waiting for their events.
+struct PendingFree {
+  Block* block;
+  std::vector<cudaEvent_t> events;
+};
+
 struct DeviceState {
   BlockPool small_pool;                        // free blocks <= 1 MiB
   BlockPool large_pool;                        // free blocks > 1 MiB
   std::unordered_map<void*, Block*> active;    // allocated blocks by address
+  std::vector<PendingFree> pending;            // freed, not yet safe to reuse
   AllocatorStats stats;
 };
 
@@ -127,6 +139,7 @@ class CachingAllocator {
     size_t size = round_size(nbytes);
     std::lock_guard<std::mutex> lock(mutex_);
     DeviceState& state = device_state(device);
+    if (!state.pending.empty()) process_pending(state, /*wait=*/false);
     BlockPool& pool = size <= kSmallSize ? state.small_pool : state.large_pool;
     ++state.stats.allocations;
 
@@ -153,16 +166,39 @@ class CachingAllocator {
       if (it == state->active.end()) continue;
       Block* block = it->second;
       state->active.erase(it);
-      block->allocated = false;
-      state->stats.bytes_in_use -= block->size;
-      BlockPool& pool = block->small ? state->small_pool : state->large_pool;
-      // Merge with free neighbours of the same segment (they share the stream).
-      if (block->prev != nullptr && !block->prev->allocated) block = merge(pool, block->prev, block);
-      if (block->next != nullptr && !block->next->allocated) block = merge(pool, block, block->next);
-      pool.insert(block);
+      if (!block->stream_uses.empty()) {
+        PendingFree pending{block, {}};
+        if (record_use_events(*block, &pending.events)) {
+          state->pending.push_back(std::move(pending));
+          return;
+        }
+        // Could not record the events (runtime failing): wait for the device instead.
+        for (cudaEvent_t e : pending.events) (void)cudaEventDestroy(e);
+        (void)cudaDeviceSynchronize();
+        (void)cudaGetLastError();
+      }
+      release(*state, block);
       return;
     }
     std::fprintf(stderr, "ringtrain: cuda caching allocator asked to free unknown pointer %p\n", ptr);
+  }
+
+  void record_stream(void* ptr, const Stream& stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    int device = stream.device();
+    Block* block = nullptr;
+    if (device >= 0 && static_cast<size_t>(device) < devices_.size() && devices_[device]) {
+      auto it = devices_[device]->active.find(ptr);
+      if (it != devices_[device]->active.end()) block = it->second;
+    }
+    RT_CHECK(block != nullptr, "cuda::record_stream: ", ptr,
+             " is not the start of a live block allocated on cuda:", device,
+             " (pass Storage::data() of a tensor on the stream's device)");
+    auto handle = static_cast<cudaStream_t>(stream.handle());
+    if (handle == block->stream) return;  // its own stream is always ordered
+    for (cudaStream_t s : block->stream_uses)
+      if (s == handle) return;
+    block->stream_uses.push_back(handle);
   }
 
   AllocatorStats stats(int device) {
@@ -174,7 +210,9 @@ class CachingAllocator {
   void empty_cache() {
     std::lock_guard<std::mutex> lock(mutex_);
     for (size_t d = 0; d < devices_.size(); ++d) {
-      if (devices_[d]) release_cached_segments(*devices_[d], static_cast<int>(d));
+      if (!devices_[d]) continue;
+      process_pending(*devices_[d], /*wait=*/true);
+      release_cached_segments(*devices_[d], static_cast<int>(d));
     }
   }
 
@@ -183,6 +221,60 @@ class CachingAllocator {
     if (devices_.size() <= static_cast<size_t>(device)) devices_.resize(device + 1);
     if (!devices_[device]) devices_[device] = std::make_unique<DeviceState>();
     return *devices_[device];
+  }
+
+  // Marks `block` free and returns it to its pool, merged with free neighbours
+  // of the same segment (they share the stream).
+  static void release(DeviceState& state, Block* block) {
+    block->allocated = false;
+    block->stream_uses.clear();
+    state.stats.bytes_in_use -= block->size;
+    BlockPool& pool = block->small ? state.small_pool : state.large_pool;
+    if (block->prev != nullptr && !block->prev->allocated) block = merge(pool, block->prev, block);
+    if (block->next != nullptr && !block->next->allocated) block = merge(pool, block, block->next);
+    pool.insert(block);
+  }
+
+  // Records an event on every stream in block.stream_uses (on the block's device).
+  // Returns false if the runtime refused; never throws (called from deleters).
+  static bool record_use_events(const Block& block, std::vector<cudaEvent_t>* events) {
+    int previous = 0;
+    if (cudaGetDevice(&previous) != cudaSuccess) return false;
+    bool ok = previous == block.device || cudaSetDevice(block.device) == cudaSuccess;
+    for (cudaStream_t s : block.stream_uses) {
+      if (!ok) break;
+      cudaEvent_t e = nullptr;
+      ok = cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess;
+      if (!ok) break;
+      events->push_back(e);
+      ok = cudaEventRecord(e, s) == cudaSuccess;
+    }
+    if (previous != block.device) (void)cudaSetDevice(previous);
+    if (!ok) (void)cudaGetLastError();
+    return ok;
+  }
+
+  // Releases pending blocks whose events have all completed (wait: block until they have).
+  static void process_pending(DeviceState& state, bool wait) {
+    for (auto it = state.pending.begin(); it != state.pending.end();) {
+      bool done = true;
+      for (cudaEvent_t e : it->events) {
+        cudaError_t status = wait ? cudaEventSynchronize(e) : cudaEventQuery(e);
+        if (status == cudaErrorNotReady) {
+          (void)cudaGetLastError();
+          done = false;
+          break;
+        }
+        (void)cudaGetLastError();  // a failed event cannot be waited on: treat as done
+      }
+      if (!done) {
+        ++it;
+        continue;
+      }
+      for (cudaEvent_t e : it->events) (void)cudaEventDestroy(e);
+      release(state, it->block);
+      it = state.pending.erase(it);
+    }
   }
 
   // The smallest free block of `stream` holding at least `size` bytes, removed from the pool.
@@ -397,6 +489,11 @@ DataPtr pinned_host_allocate(size_t nbytes) {
   if (nbytes == 0) return DataPtr(nullptr, [](void*) {});
   void* ptr = host_allocator().allocate(nbytes);
   return DataPtr(ptr, [](void* p) { host_allocator().free(p); });
+}
+
+void record_stream(void* ptr, const Stream& stream) {
+  if (ptr == nullptr) return;  // empty tensors own no block
+  device_allocator().record_stream(ptr, stream);
 }
 
 AllocatorStats allocator_stats(int device) { return device_allocator().stats(device); }

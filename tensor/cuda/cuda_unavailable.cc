@@ -94,6 +94,7 @@ DataPtr caching_allocate(size_t, int device) {
   throw Error(::ringtrain::detail::concat("cuda::caching_allocate: cannot allocate on cuda:", device,
                                           ": ", kReason));
 }
+void record_stream(void*, const Stream&) { no_cuda("cuda::record_stream"); }
 DataPtr pinned_host_allocate(size_t) { no_cuda("cuda::pinned_host_allocate"); }
 AllocatorStats allocator_stats(int) { return {}; }
 void empty_cache() {}

@@ -105,6 +105,12 @@ class StreamGuard {
 // ---- caching allocator (PyTorch-style): blocks are kept per (device, stream) and
 // reused, so a training step performs no cudaMalloc after its first iteration.
 DataPtr caching_allocate(size_t nbytes, int device);
+// Declares that the block starting at `ptr` (Storage::data() of a CUDA tensor) is
+// also used by work on `stream`, not only on the stream it was allocated on: when
+// the block is freed it is reused only after the work queued on `stream` so far
+// has finished (PyTorch's Tensor.record_stream). DDP calls it for gradients read
+// by the communication stream.
+void record_stream(void* ptr, const Stream& stream);
 // Page-locked host memory (cudaHostAlloc), cached the same way.
 DataPtr pinned_host_allocate(size_t nbytes);
 
