@@ -8,7 +8,8 @@
 //    stream ordered after another with Event::record + Stream::wait (no host
 //    sync) sees the first stream's results; timing events measure something;
 //  * the caching allocator: a freed block is reused on its stream, blocks are
-//    not shared across streams, and a training-like loop (forward, backward-ish
+//    not shared across streams, record_stream defers reuse of a block another
+//    stream read until that stream is done, and a training-like loop (forward, backward-ish
 //    matmuls, reductions, a loss read back to the host) performs no cudaMalloc
 //    after its warm-up iterations; pinned host buffers are cached too;
 //  * clear errors: a nonexistent device index, mixing devices.
@@ -213,10 +214,44 @@ TEST_F(CudaTest, FreedBlocksAreReusedOnTheirStream) {
   EXPECT_GE(stats.bytes_in_use, 4096u * 2);
 }
 
+TEST_F(CudaTest, RecordStreamDefersReuseUntilTheOtherStreamFinishes) {
+  cuda::Stream comm = cuda::Stream::create(0);
+  size_t baseline = cuda::allocator_stats(0).bytes_in_use;
+  void* ptr = nullptr;
+  {
+    Tensor grad = ones({1 << 20}, DType::kFloat32, kCuda);  // allocated on the default stream
+    ptr = grad.storage()->data();
+    Tensor total;
+    {
+      cuda::StreamGuard guard(comm);
+      comm.wait([&] {
+        cuda::Event e;
+        e.record(cuda::Stream::default_stream(0));
+        return e;
+      }());
+      total = zeros({1 << 20}, DType::kFloat32, kCuda);
+      for (int i = 0; i < 16; ++i) add_(total, grad);  // the comm stream reads grad
+    }
+    cuda::record_stream(ptr, comm);
+    cuda::record_stream(ptr, comm);  // idempotent
+    // grad is dropped here while the comm stream may still be reading it.
+  }
+  comm.synchronize();
+  cuda::AllocatorStats before = cuda::allocator_stats(0);
+  {
+    Tensor again = ones({1 << 20}, DType::kFloat32, kCuda);  // the pending block is released first
+    EXPECT_EQ(cuda::allocator_stats(0).cuda_malloc_calls, before.cuda_malloc_calls);
+  }
+  EXPECT_EQ(cuda::allocator_stats(0).bytes_in_use, baseline);
+  int bogus = 0;
+  EXPECT_TRUE(throws_with([&] { cuda::record_stream(&bogus, comm); }, {"record_stream"}));
+}
+
 TEST_F(CudaTest, TrainingLikeLoopMakesNoCudaMallocAfterWarmup) {
   Generator gen(7);
   Tensor w1 = mul(randn({256, 128}, gen, DType::kFloat32, kCuda), 0.05);
   Tensor w2 = mul(randn({10, 256}, gen, DType::kFloat32, kCuda), 0.05);
+  Tensor k1 = mul(randn({4, 1, 3, 3}, gen, DType::kFloat32, kCuda), 0.3);
   auto step = [&](int iteration) {
     Generator batch_gen(100 + iteration);
     Tensor x = randn({64, 128}, batch_gen, DType::kFloat32, kCuda);
@@ -233,6 +268,16 @@ TEST_F(CudaTest, TrainingLikeLoopMakesNoCudaMallocAfterWarmup) {
     EXPECT_TRUE(all_finite(dw1));
     add_(w1, dw1, -0.1);
     add_(w2, dw2, -0.1);
+    // A small conv layer too: cuDNN workspaces come from the cache as well.
+    Conv2dParams same{1, 1, 1, 1};
+    Tensor img = randn({8, 1, 12, 12}, batch_gen, DType::kFloat32, kCuda);
+    Tensor feat = relu(conv2d(img, k1, Tensor(), same));
+    auto [pooled, max_at] = max_pool2d(feat, Pool2dParams{});
+    Tensor gfeat = max_pool2d_backward(ones_like(pooled), max_at, feat.shape());
+    Tensor gk = conv2d_backward_weight(gfeat, img, k1.shape(), same);
+    Tensor gimg = conv2d_backward_input(gfeat, k1, img.shape(), same);
+    EXPECT_TRUE(all_finite(gimg));
+    add_(k1, gk, -0.001);
     return loss.item();
   };
   for (int i = 0; i < 3; ++i) step(i);  // warm-up: the cache fills
