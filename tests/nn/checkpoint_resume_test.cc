@@ -303,6 +303,22 @@ TEST_F(CheckpointTest, AskingForStateTheCheckpointLacksIsAnError) {
                     {"no optimizer state", "no LR schedule state", "no generator state"});
 }
 
+TEST_F(CheckpointTest, CrashBetweenTensorsAndRecordLeavesThePreviousCheckpoint) {
+  // save_checkpoint writes the tensors, then the JSON record. A crash in between leaves
+  // a .safetensors without a record: it is not a checkpoint, and the next prune removes it.
+  TrainingRun run(1, false);
+  CheckpointManager mgr(dir_.string(), 2);
+  std::string s1 = mgr.save(run.targets(), {1, 10});
+  fs::copy_file(s1 + ".safetensors", dir_ / "ckpt-0000000015.safetensors");  // the "crashed" save
+  EXPECT_EQ(mgr.list().size(), 1u);
+  EXPECT_EQ(*mgr.latest_valid(), s1);
+  mgr.save(run.targets(), {2, 20});
+  mgr.save(run.targets(), {3, 30});  // keeps 20 and 30; 10 and the orphan at 15 go
+  EXPECT_FALSE(fs::exists(dir_ / "ckpt-0000000015.safetensors"));
+  EXPECT_FALSE(fs::exists(s1 + ".json"));
+  EXPECT_EQ(mgr.list().size(), 2u);
+}
+
 TEST_F(CheckpointTest, ExtraNamedGeneratorsAreRestored) {
   TrainingRun run(1, false);
   Generator a(5), b(6);
