@@ -1,0 +1,349 @@
+// trainer.cc: see trainer.h for the order of things in fit().
+#include "trainer/trainer.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "autograd/autocast.h"
+#include "autograd/autograd.h"
+#include "autograd/functions.h"
+#include "comm/init.h"
+#include "ddp/data_parallel.h"
+#include "ddp/distributed_data_parallel.h"
+#include "ddp/distributed_sampler.h"
+#include "ddp/loss_scaler.h"
+#include "nn/checkpoint.h"
+#include "nn/data/dataloader.h"
+#include "nn/data/sampler.h"
+#include "slurm/cluster_environment.h"
+#include "slurm/device_parser.h"
+#include "slurm/requeue.h"
+#include "tensor/cuda/runtime.h"
+#include "tensor/ops.h"
+
+namespace ringtrain::trainer {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How the model is wrapped, after resolving "auto" against the environment.
+enum class Strategy { kNone, kDp, kDdp, kDdp2 };
+
+Strategy resolve_strategy(const std::string& s, int world, size_t local_devices) {
+  if (s == "none" || s == "single") return Strategy::kNone;
+  if (s == "dp") return Strategy::kDp;
+  if (s == "ddp") return Strategy::kDdp;
+  if (s == "ddp2") return Strategy::kDdp2;
+  RT_CHECK(s == "auto", "Trainer: unknown strategy '", s, "'; expected auto, none, dp, ddp or ddp2");
+  if (world > 1) return Strategy::kDdp;
+  return local_devices > 1 ? Strategy::kDp : Strategy::kNone;
+}
+
+class Context : public StepContext {
+ public:
+  std::function<Tensor(const Tensor&)> forward_fn;
+  Device device_ = Device::cpu();
+  int rank_ = 0, world_ = 1;
+  Tensor forward(const Tensor& input) override { return forward_fn(input); }
+  Device device() const override { return device_; }
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+};
+
+// "[=====>    ]" for the progress line.
+std::string bar(int64_t done, int64_t total, int width = 24) {
+  int filled = total > 0 ? static_cast<int>(width * done / total) : width;
+  return "[" + std::string(filled, '=') + (filled < width ? ">" : "") +
+         std::string(std::max(0, width - filled - 1), ' ') + "]";
+}
+
+}  // namespace
+
+Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
+  RT_CHECK(options_.max_epochs >= 1 || options_.max_steps >= 1,
+           "Trainer: set max_epochs >= 1 or max_steps >= 1");
+  RT_CHECK(options_.batch_size >= 1, "Trainer: batch_size must be >= 1, got ", options_.batch_size);
+  RT_CHECK(options_.accumulate_grad_batches >= 1, "Trainer: accumulate_grad_batches must be >= 1, got ",
+           options_.accumulate_grad_batches);
+  RT_CHECK(options_.precision == "32" || options_.precision == "16-mixed" || options_.precision == "bf16-mixed",
+           "Trainer: precision must be 32, 16-mixed or bf16-mixed, got '", options_.precision, "'");
+  RT_CHECK(options_.num_nodes >= 1, "Trainer: num_nodes must be >= 1");
+}
+
+FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Dataset> train,
+                       std::shared_ptr<const data::Dataset> val) {
+  RT_CHECK(train != nullptr && train->size() > 0, "Trainer::fit: the training data set is empty");
+  const TrainerOptions& o = options_;
+  FitResult result;
+
+  // ---- 1. who are we, and join the others
+  slurm::ClusterEnvironment env = slurm::detect_cluster_environment();
+  RT_CHECK(env.num_nodes == o.num_nodes || (env.launcher == slurm::Launcher::kLocal && o.num_nodes == 1),
+           "Trainer: num_nodes=", o.num_nodes, " but the launcher (", slurm::launcher_name(env.launcher),
+           ") started this job on ", env.num_nodes, " node(s); pass num_nodes=", env.num_nodes,
+           " or launch on ", o.num_nodes, " nodes (e.g. srun -N", o.num_nodes, ")");
+  slurm::DeviceSelection selection = slurm::parse_devices(o.devices);
+  Strategy strategy = resolve_strategy(o.strategy, env.world_size, std::max<size_t>(1, selection.cuda_devices.size()));
+  RT_CHECK(env.world_size == 1 || strategy == Strategy::kDdp || strategy == Strategy::kDdp2,
+           "Trainer: ", env.world_size, " processes were launched but strategy '", o.strategy,
+           "' runs in one process; use strategy=ddp (or ddp2), or launch a single process");
+
+  std::shared_ptr<comm::ProcessGroup> group;
+  if (env.world_size > 1) {
+    comm::InitOptions init;
+    init.backend = o.backend != "auto" ? o.backend : (selection.is_cpu() ? "ring" : "nccl");
+    init.init_method = env.init_method;
+    group = comm::init_process_group(init);
+  }
+  const int rank = group ? group->rank() : 0;
+  const int world = group ? group->size() : 1;
+  const bool global_zero = rank == 0;
+
+  // ---- 2. device and wrapping
+  Device device = Device::cpu();
+  std::vector<Device> dp_devices;
+  if (!selection.is_cpu()) {
+    if (strategy == Strategy::kDdp) {
+      int index = selection.cuda_devices.at(env.local_rank % selection.cuda_devices.size());
+      cuda::set_device(index);
+      device = Device::cuda(index);
+    } else {
+      for (int i : selection.cuda_devices) dp_devices.push_back(Device::cuda(i));
+      device = dp_devices.front();
+    }
+  } else if (strategy == Strategy::kDp || strategy == Strategy::kDdp2) {
+    // CPU data parallelism: one replica per requested "device" (threads).
+    int replicas = std::max(2, static_cast<int>(selection.cuda_devices.size()));
+    dp_devices.assign(replicas, Device::cpu());
+  }
+  default_generator().manual_seed(o.seed + static_cast<uint64_t>(rank));
+  std::shared_ptr<nn::Module> model = module.model();
+  model->to(device);
+  std::shared_ptr<nn::Module> wrapped = model;
+  if (strategy == Strategy::kDp || strategy == Strategy::kDdp2)
+    wrapped = std::make_shared<ddp::DataParallel>(model, dp_devices);
+  std::unique_ptr<ddp::DistributedDataParallel> ddp_model;
+  if (group && (strategy == Strategy::kDdp || strategy == Strategy::kDdp2))
+    ddp_model = std::make_unique<ddp::DistributedDataParallel>(wrapped, group);
+  Optimizers optimizers = module.configure_optimizers(*model);
+  RT_CHECK(optimizers.optimizer != nullptr, "Trainer: configure_optimizers returned no optimizer");
+  nn::Optimizer& optimizer = *optimizers.optimizer;
+
+  Context ctx;
+  ctx.device_ = device;
+  ctx.rank_ = rank;
+  ctx.world_ = world;
+  ctx.forward_fn = [&](const Tensor& x) { return ddp_model ? ddp_model->forward(x) : wrapped->forward(x); };
+
+  // ---- precision
+  const bool autocast = o.precision != "32";
+  const DType autocast_dtype = o.precision == "bf16-mixed" ? DType::kBFloat16 : DType::kFloat16;
+  ddp::LossScalerOptions scaler_options;
+  scaler_options.enabled = o.precision == "16-mixed";  // bf16 has float32's range: no scaling
+  ddp::LossScaler scaler(scaler_options, group);
+
+  // ---- 3. data
+  std::shared_ptr<data::Sampler> train_sampler;
+  if (world > 1) {
+    train_sampler = std::make_shared<ddp::DistributedSampler>(train->size(), rank, world,
+                                                              ddp::DistributedSamplerOptions{.shuffle = true, .seed = o.seed});
+  } else {
+    train_sampler = std::make_shared<data::RandomSampler>(train->size(), o.seed);
+  }
+  data::DataLoader train_loader(train, {.batch_size = o.batch_size, .device = device}, train_sampler);
+  std::unique_ptr<data::DataLoader> val_loader;
+  if (val && val->size() > 0) {
+    auto val_sampler = std::make_shared<ddp::DistributedSampler>(
+        val->size(), rank, world, ddp::DistributedSamplerOptions{.shuffle = false, .exact = true});
+    val_loader = std::make_unique<data::DataLoader>(val, data::DataLoaderOptions{.batch_size = o.batch_size, .device = device},
+                                                    val_sampler);
+  }
+
+  // ---- 4. resume
+  std::unique_ptr<nn::CheckpointManager> checkpoints;
+  nn::CheckpointTargets targets{.model = model.get(), .optimizer = &optimizer,
+                                .scheduler = optimizers.scheduler.get(), .generator = &default_generator()};
+  int64_t start_epoch = 0, global_step = 0, skip_batches = 0;
+  if (!o.checkpoint_dir.empty()) {
+    checkpoints = std::make_unique<nn::CheckpointManager>(o.checkpoint_dir, o.keep_last);
+    std::optional<nn::CheckpointInfo> info;
+    if (o.resume == "auto") {
+      std::vector<std::string> skipped;
+      info = checkpoints->restore_latest(targets, &skipped);
+      if (global_zero)
+        for (const auto& s : skipped) std::cerr << "trainer: skipped an invalid checkpoint: " << s << "\n";
+    } else if (o.resume != "never") {
+      info = nn::load_checkpoint(o.resume, targets);
+    }
+    if (info) {
+      start_epoch = info->progress.epoch;
+      global_step = info->progress.step;
+      if (info->extra.is_object()) {
+        skip_batches = info->extra.value("batches_into_epoch", int64_t{0});
+        if (info->extra.contains("scaler")) scaler.load_state_dict(info->extra["scaler"]);
+        result.skipped_steps = info->extra.value("skipped_steps", int64_t{0});
+      }
+      // Every rank continues its own random stream (the checkpoint holds rank 0's).
+      default_generator().set_state(default_generator().seed() + static_cast<uint64_t>(rank),
+                                    default_generator().offset());
+      result.resumed_from = info->stem;
+      if (global_zero)
+        std::printf("trainer: resumed from %s (epoch %lld, step %lld, %lld batches into the epoch)\n",
+                    info->stem.c_str(), (long long)start_epoch, (long long)global_step, (long long)skip_batches);
+    }
+  }
+  if (global_zero)
+    std::printf("trainer: %s | strategy %s | device %s | precision %s | world %d\n", env.describe().c_str(),
+                o.strategy.c_str(), device.str().c_str(), o.precision.c_str(), world);
+
+  std::ofstream step_log;
+  if (global_zero && !o.step_log_csv.empty()) {
+    step_log.open(o.step_log_csv, std::ios::app);
+    RT_CHECK(step_log.good(), "Trainer: cannot open step log ", o.step_log_csv);
+  }
+
+  auto save = [&](int64_t epoch, int64_t batches_into_epoch) {
+    if (!checkpoints || !global_zero) return;
+    checkpoints->save(targets, {epoch, global_step},
+                      nlohmann::json{{"batches_into_epoch", batches_into_epoch},
+                                     {"scaler", scaler.state_dict()},
+                                     {"skipped_steps", result.skipped_steps}});
+  };
+
+  // ---- 5/6. train
+  slurm::SignalWatcher watcher(slurm::SignalWatcher::parse_signal(o.requeue_signal));
+  slurm::RequeueCoordinator coordinator(watcher, group);
+  const int accumulate = o.accumulate_grad_batches;
+  bool done = false;
+  for (int64_t epoch = start_epoch; epoch < o.max_epochs && !done; ++epoch) {
+    model->train();
+    train_loader.set_epoch(epoch);
+    auto run = train_loader.epoch();
+    const int64_t batches = run.num_batches();
+    int64_t index = 0, micro = 0;
+    double loss_sum = 0;
+    int64_t loss_count = 0;
+    auto epoch_start = Clock::now();
+    while (auto batch = run.next()) {
+      if (index++ < skip_batches) continue;  // resuming mid-epoch: these were trained before
+      // One micro-batch; DDP reduces only on the last micro-batch of a step.
+      const bool last_micro = (micro + 1) % accumulate == 0 || index == batches;
+      Tensor loss;
+      {
+        std::optional<ddp::DistributedDataParallel::NoSyncGuard> no_sync;
+        if (ddp_model && !last_micro) no_sync.emplace(*ddp_model);
+        {
+          autograd::AutocastGuard guard(autocast_dtype, autocast);
+          loss = module.training_step(*batch, ctx);
+        }
+        Tensor scaled = scaler.scale(accumulate > 1 ? ag::div(loss, static_cast<double>(accumulate)) : loss);
+        autograd::backward(scaled);
+      }
+      ++micro;
+      double loss_value = loss.item();
+      loss_sum += loss_value;
+      ++loss_count;
+      if (!last_micro) continue;
+      micro = 0;
+
+      // The optimizer step, with unscaling and clipping first.
+      std::vector<Tensor> params = model->parameters(), grads;
+      for (auto& p : params) grads.push_back(autograd::grad(p));
+      scaler.unscale_(grads);
+      if (o.gradient_clip_val > 0) nn::clip_grad_norm_(params, o.gradient_clip_val);
+      if (!scaler.step(grads, [&] { optimizer.step(); })) ++result.skipped_steps;
+      scaler.update();
+      optimizer.zero_grad();
+      ++global_step;
+      if (step_log.is_open()) step_log << global_step << "," << epoch << "," << loss_value << "\n" << std::flush;
+      if (global_zero && o.progress_bar && (index % 5 == 0 || index == batches)) {
+        std::printf("\repoch %lld %s %lld/%lld loss %.4f", (long long)epoch, bar(index, batches).c_str(),
+                    (long long)index, (long long)batches, loss_sum / loss_count);
+        std::fflush(stdout);
+      }
+
+      if (o.simulate_signal_at_step >= 0 && global_step == o.simulate_signal_at_step && global_zero)
+        std::raise(watcher.requeue_signal());
+      // Step boundary: did a signal arrive on any rank? (collective; every rank asks)
+      slurm::RequeueDecision decision = coordinator.poll();
+      if (decision != slurm::RequeueDecision::kContinue) {
+        save(epoch, index);
+        if (group) group->barrier().wait();  // the checkpoint is on disk before anyone leaves
+        if (global_zero) {
+          std::printf("\ntrainer: %s received at step %lld; checkpoint written\n",
+                      slurm::requeue_decision_name(decision), (long long)global_step);
+          if (decision == slurm::RequeueDecision::kCheckpointAndRequeue && env.in_slurm_job) {
+            slurm::RequeueResult r = slurm::requeue_job(env.requeue_id);
+            std::printf("trainer: requeued job %s (%s)\n", r.requeue_id.c_str(), r.command.c_str());
+            result.requeued = true;
+          }
+        }
+        result.stopped_early = true;
+        done = true;
+        break;
+      }
+      if (o.max_steps > 0 && global_step >= o.max_steps) {
+        done = true;
+        break;
+      }
+    }
+    skip_batches = 0;
+    if (result.stopped_early) break;
+    if (optimizers.scheduler) optimizers.scheduler->step();
+
+    // ---- 7. validation, metrics, checkpoint
+    std::map<std::string, double> totals;
+    if (val_loader) {
+      model->eval();
+      autograd::NoGradGuard no_grad;
+      val_loader->set_epoch(epoch);
+      for (auto& vb : val_loader->epoch()) {
+        autograd::AutocastGuard guard(autocast_dtype, autocast);
+        for (auto& [k, v] : module.validation_step(vb, ctx)) totals[k] += v;
+      }
+      if (group) {
+        // Every rank must reduce the same keys in the same order (std::map: sorted).
+        std::vector<double> values;
+        for (auto& [k, v] : totals) values.push_back(v);
+        if (!values.empty())
+          group->allreduce({values.data(), values.size(), DType::kFloat64, Device::cpu()}, comm::ReduceOp::kSum)
+              .wait();
+        size_t i = 0;
+        for (auto& [k, v] : totals) v = values[i++];
+      }
+      result.last_validation = totals;
+    }
+    double seconds = std::chrono::duration<double>(Clock::now() - epoch_start).count();
+    if (global_zero) {
+      std::printf("\repoch %lld %s train_loss %.4f", (long long)epoch, bar(1, 1).c_str(),
+                  loss_count ? loss_sum / loss_count : 0.0);
+      for (auto& [k, v] : totals) std::printf(" %s %.4g", k.c_str(), v);
+      std::printf(" (%.1f s)\n", seconds);
+      if (!o.metrics_csv.empty()) {
+        bool fresh = access(o.metrics_csv.c_str(), F_OK) != 0;
+        std::ofstream csv(o.metrics_csv, std::ios::app);
+        if (fresh) {
+          csv << "epoch,step,train_loss,seconds,lr";
+          for (auto& [k, v] : totals) csv << "," << k;
+          csv << "\n";
+        }
+        csv << epoch << "," << global_step << "," << (loss_count ? loss_sum / loss_count : 0.0) << "," << seconds
+            << "," << optimizer.param_groups().front().lr();
+        for (auto& [k, v] : totals) csv << "," << v;
+        csv << "\n";
+      }
+    }
+    result.epochs_completed = epoch + 1;
+    save(epoch + 1, 0);
+  }
+  result.global_step = global_step;
+  if (group) group->barrier().wait();
+  return result;
+}
+
+}  // namespace ringtrain::trainer
