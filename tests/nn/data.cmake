@@ -1,5 +1,6 @@
 # Data and checkpoint tests (nn/data, nn/checkpoint): every data_*_test.cc and
-# checkpoint_*_test.cc here is one GoogleTest binary, label `unit`. Included from
+# checkpoint_*_test.cc here is one GoogleTest binary, label `unit` (`cuda` for
+# data_cuda_*_test.cc: they skip with a reason when no GPU is usable). Included from
 # tests/nn/CMakeLists.txt (whose own glob must leave these two patterns out).
 # data_files_test writes .gz fixtures itself, hence zlib.
 find_package(ZLIB REQUIRED)
@@ -7,7 +8,12 @@ file(GLOB ringtrain_data_tests ${CMAKE_CURRENT_LIST_DIR}/data_*_test.cc
                                ${CMAKE_CURRENT_LIST_DIR}/checkpoint_*_test.cc)
 foreach(src ${ringtrain_data_tests})
   get_filename_component(name ${src} NAME_WE)
-  ringtrain_add_gtest(nn_${name} SOURCES ${src} DEPS ringtrain::nn ZLIB::ZLIB LABELS unit)
+  if(name MATCHES "^data_cuda_")
+    set(labels cuda)
+  else()
+    set(labels unit)
+  endif()
+  ringtrain_add_gtest(nn_${name} SOURCES ${src} DEPS ringtrain::nn ZLIB::ZLIB LABELS ${labels})
 endforeach()
 
 # The digits example, end to end (needs python3-sklearn's digits.csv.gz): >= 95% test
