@@ -13,6 +13,9 @@
 //
 // Data: sklearn's digits.csv.gz from Debian's python3-sklearn (1797 examples,
 // 64 pixels 0..16 + label). 20% go to the test split, chosen by --split-seed.
+// With --mnist DIR the same program trains on MNIST or Fashion-MNIST IDX files
+// (train-*/t10k-* images and labels, plain or .gz) and their own test split;
+// the models then take 28x28 inputs.
 #include <unistd.h>
 
 #include <chrono>
@@ -28,6 +31,7 @@
 #include "nn/checkpoint.h"
 #include "nn/data/dataloader.h"
 #include "nn/data/digits.h"
+#include "nn/data/mnist.h"
 #include "nn/layers.h"
 #include "nn/lr_scheduler.h"
 #include "nn/optim.h"
@@ -50,6 +54,7 @@ struct Options {
   uint64_t split_seed = 0;
   double test_fraction = 0.2;
   std::string data_path = data::kDigitsDefaultPath;
+  std::string mnist_dir;  // non-empty: MNIST/Fashion-MNIST IDX files instead of the digits
   std::string metrics_csv;
   std::string checkpoint_dir;
   int keep_last = 3;
@@ -58,20 +63,21 @@ struct Options {
   bool quiet = false;
 };
 
-// 64 -> 128 -> 128 -> 10.
-std::shared_ptr<nn::Module> make_mlp(Generator& gen) {
+// in -> 128 -> 128 -> 10 (in = 64 for the digits, 784 for MNIST).
+std::shared_ptr<nn::Module> make_mlp(Generator& gen, int64_t in) {
   return nn::make<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
-      nn::make<nn::Linear>(64, 128, true, gen), nn::make<nn::ReLU>(),
+      nn::make<nn::Linear>(in, 128, true, gen), nn::make<nn::ReLU>(),
       nn::make<nn::Linear>(128, 128, true, gen), nn::make<nn::ReLU>(),
       nn::make<nn::Linear>(128, 10, true, gen)});
 }
 
-// [N,1,8,8] -> conv3x3(16) relu pool2 -> [16,4,4] -> conv3x3(32) relu pool2 -> [32,2,2] -> 10.
-std::shared_ptr<nn::Module> make_cnn(Generator& gen) {
+// [N,1,s,s] -> conv3x3(16) relu pool2 -> [16,s/2,s/2] -> conv3x3(32) relu pool2 -> [32,s/4,s/4] -> 10
+// (s = 8 for the digits: [32,2,2]; s = 28 for MNIST: [32,7,7]).
+std::shared_ptr<nn::Module> make_cnn(Generator& gen, int64_t side) {
   return nn::make<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
       nn::make<nn::Conv2d>(1, 16, 3, 1, 1, true, gen), nn::make<nn::ReLU>(), nn::make<nn::MaxPool2d>(2),
       nn::make<nn::Conv2d>(16, 32, 3, 1, 1, true, gen), nn::make<nn::ReLU>(), nn::make<nn::MaxPool2d>(2),
-      nn::make<nn::Flatten>(), nn::make<nn::Linear>(32 * 2 * 2, 10, true, gen)});
+      nn::make<nn::Flatten>(), nn::make<nn::Linear>(32 * (side / 4) * (side / 4), 10, true, gen)});
 }
 
 // FNV-1a over the bits of every parameter: equal fingerprints = bitwise equal weights.
@@ -139,24 +145,39 @@ int run(const Options& opt) {
   const double lr = opt.lr > 0 ? opt.lr : 0.05;
 
   // ---- data: fixed split, shuffled training order from --seed
-  auto all = data::load_digits({.path = opt.data_path, .normalize = true, .as_images = cnn});
-  auto [train_set, test_set] = data::train_test_split(all, opt.test_fraction, opt.split_seed);
-  auto train = std::make_shared<data::TensorDataset>(std::move(train_set));
-  auto test = std::make_shared<data::TensorDataset>(std::move(test_set));
+  std::shared_ptr<data::TensorDataset> train, test;
+  if (opt.mnist_dir.empty()) {
+    auto all = data::load_digits({.path = opt.data_path, .normalize = true, .as_images = cnn});
+    auto [train_set, test_set] = data::train_test_split(all, opt.test_fraction, opt.split_seed);
+    train = std::make_shared<data::TensorDataset>(std::move(train_set));
+    test = std::make_shared<data::TensorDataset>(std::move(test_set));
+  } else {
+    // [N, 1, 28, 28] in [0, 1]; the MLP takes them flattened.
+    auto load = [&](data::MnistSplit split) {
+      data::TensorDataset d = data::load_mnist(opt.mnist_dir, split);
+      Tensor x = cnn ? d.inputs() : d.inputs().reshape({d.size(), -1});
+      return std::make_shared<data::TensorDataset>(x, d.targets());
+    };
+    train = load(data::MnistSplit::kTrain);
+    test = load(data::MnistSplit::kTest);
+  }
   DataLoader train_loader(train, {.batch_size = opt.batch_size, .shuffle = true, .seed = opt.seed, .prefetch = 2});
   DataLoader test_loader(test, {.batch_size = 256, .prefetch = 0});
 
   // ---- model, optimizer, schedule (all seeded)
   Generator init(opt.seed);
-  std::shared_ptr<nn::Module> model = cnn ? make_cnn(init) : make_mlp(init);
+  // The models adapt to the input: 8x8 digits or 28x28 MNIST.
+  std::shared_ptr<nn::Module> model =
+      cnn ? make_cnn(init, train->inputs().size(-1)) : make_mlp(init, train->inputs().size(-1));
   nn::SGD sgd(model->parameters(), {.lr = lr, .momentum = opt.momentum, .weight_decay = opt.weight_decay,
                                     .nesterov = true});
   nn::CosineAnnealingLR schedule(sgd, epochs);
   nn::CheckpointTargets targets{
       .model = model.get(), .optimizer = &sgd, .scheduler = &schedule, .generator = &default_generator()};
 
-  std::printf("digits: %lld train / %lld test examples; model %s (%zu parameters); %d epochs, batch %lld, lr %g\n",
-              static_cast<long long>(train->size()), static_cast<long long>(test->size()), opt.model.c_str(),
+  std::printf("%s: %lld train / %lld test examples; model %s (%zu parameters); %d epochs, batch %lld, lr %g\n",
+              opt.mnist_dir.empty() ? "digits" : "mnist", static_cast<long long>(train->size()),
+              static_cast<long long>(test->size()), opt.model.c_str(),
               model->num_parameters(), epochs, static_cast<long long>(opt.batch_size), lr);
 
   // ---- resume
@@ -242,7 +263,7 @@ int run(const Options& opt) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Train a handwritten-digit classifier (8x8 digits from python3-sklearn) with ringtrain"};
+  CLI::App app{"Train a handwritten-digit classifier (8x8 digits from python3-sklearn, or MNIST) with ringtrain"};
   Options opt;
   app.add_option("--model", opt.model, "mlp or cnn")->check(CLI::IsMember({"mlp", "cnn"}))->capture_default_str();
   app.add_option("--epochs", opt.epochs, "epochs (default: mlp 30, cnn 20)");
@@ -254,6 +275,8 @@ int main(int argc, char** argv) {
   app.add_option("--split-seed", opt.split_seed, "seed of the train/test split")->capture_default_str();
   app.add_option("--test-fraction", opt.test_fraction, "share of examples held out")->capture_default_str();
   app.add_option("--data", opt.data_path, "digits.csv(.gz)")->capture_default_str();
+  app.add_option("--mnist", opt.mnist_dir,
+                 "train on the MNIST / Fashion-MNIST IDX files in this directory instead of the digits");
   app.add_option("--metrics-csv", opt.metrics_csv, "write per-epoch metrics to this CSV file");
   app.add_option("--checkpoint-dir", opt.checkpoint_dir, "save a checkpoint here after every epoch");
   app.add_option("--keep-last", opt.keep_last, "checkpoints to keep")->check(CLI::PositiveNumber)->capture_default_str();
