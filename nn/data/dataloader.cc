@@ -7,6 +7,7 @@
 // consumer made room or when the run is being torn down (`stop`).
 #include "nn/data/dataloader.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <exception>
