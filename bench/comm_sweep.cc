@@ -203,19 +203,19 @@ int main(int argc, char** argv) {
     // The targets, computed from the rows above.
     if (mpi_reference) {
       double min_ratio = 1e9;
-      double max_busbw = 0;
+      double min_busbw = 1e9;
       for (const auto& row : rows) {
         size_t b = row["bytes"];
         if (b >= (1u << 20) && b <= (64u << 20)) {
           min_ratio = std::min(min_ratio, row["busbw"].get<double>() / row["mpi_busbw"].get<double>());
-          max_busbw = std::max(max_busbw, row["busbw"].get<double>());
+          min_busbw = std::min(min_busbw, row["busbw"].get<double>());
         }
       }
       if (min_ratio < 1e9) {
-        std::printf("# target: busbw >= 1.25x MPI from 1 to 64 MiB: worst ratio %.2f -> %s\n", min_ratio,
-                    min_ratio >= 1.25 ? "met" : "MISSED");
-        std::printf("# target: busbw >= memcpy/2 = %.2f GB/s: best busbw in 1-64 MiB %.2f GB/s -> %s\n",
-                    memcpy_gbps / 2, max_busbw, max_busbw >= memcpy_gbps / 2 ? "met" : "MISSED");
+        std::printf("# target: busbw >= 1.25x MPI at every size from 1 to 64 MiB: worst ratio %.2f -> %s\n",
+                    min_ratio, min_ratio >= 1.25 ? "met" : "MISSED");
+        std::printf("# target: busbw >= memcpy/2 = %.2f GB/s at every size from 1 to 64 MiB: worst %.2f GB/s -> %s\n",
+                    memcpy_gbps / 2, min_busbw, min_busbw >= memcpy_gbps / 2 ? "met" : "MISSED");
       }
       const auto& first = rows.front();
       if (first["bytes"].get<size_t>() == 8) {

@@ -59,8 +59,8 @@ std::unique_ptr<Transport> make_tcp_transport(const Socket& socket);
 // slots per local sender. See shm_transport.cc.
 class ShmSegment;
 struct ShmLayout {
-  size_t slot_bytes = 256 << 10;  // multiple of 64; RINGTRAIN_SHM_SLOT_BYTES
-  int slots = 8;                  // RINGTRAIN_SHM_SLOTS
+  size_t slot_bytes = 64 << 10;   // multiple of 64; RINGTRAIN_SHM_SLOT_BYTES (64 KiB measured best, docs/collective-benchmark.md)
+  int slots = 16;                 // RINGTRAIN_SHM_SLOTS
   int channels = 1;               // local ranks (one channel per local sender)
   size_t channel_bytes() const;
   size_t segment_bytes() const { return channel_bytes() * channels; }
