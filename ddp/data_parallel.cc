@@ -4,6 +4,7 @@
 #include <exception>
 #include <thread>
 
+#include "autograd/autocast.h"
 #include "autograd/functions.h"
 #include "autograd/graph.h"
 
@@ -65,9 +66,12 @@ Tensor DataParallel::forward(const Tensor& input) {
   std::vector<Tensor> outputs(used);
   std::vector<std::exception_ptr> errors(used);
   const bool grad_mode = autograd::grad_enabled();
+  const bool autocast = autograd::autocast_enabled();
+  const DType autocast_dtype = autograd::autocast_dtype();
   auto run = [&](size_t i) {
     try {
-      autograd::set_grad_enabled(grad_mode);  // grad mode is per thread
+      autograd::set_grad_enabled(grad_mode);  // grad mode and autocast are per thread
+      autograd::AutocastGuard autocast_scope(autocast ? autocast_dtype : DType::kFloat16, autocast);
       nn::Module& replica = i == 0 ? *module_ : *replicas_[i];
       outputs[i] = replica.forward(chunks[i]);
     } catch (...) {

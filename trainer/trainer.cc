@@ -294,7 +294,10 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
     }
     skip_batches = 0;
     if (result.stopped_early) break;
-    if (optimizers.scheduler) optimizers.scheduler->step();
+    // max_steps can end an epoch early: then it is not complete (no schedule step,
+    // and a checkpoint that resumes inside it).
+    const bool epoch_complete = index >= batches;
+    if (epoch_complete && optimizers.scheduler) optimizers.scheduler->step();
 
     // ---- 7. validation, metrics, checkpoint
     std::map<std::string, double> totals;
@@ -338,8 +341,12 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
         csv << "\n";
       }
     }
-    result.epochs_completed = epoch + 1;
-    save(epoch + 1, 0);
+    if (epoch_complete) {
+      result.epochs_completed = epoch + 1;
+      save(epoch + 1, 0);
+    } else {
+      save(epoch, index);
+    }
   }
   result.global_step = global_step;
   if (group) group->barrier().wait();
