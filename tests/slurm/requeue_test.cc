@@ -1,0 +1,243 @@
+// requeue_test.cc: the signal flag, handler restore, the agreement across two real
+// processes, and scontrol requeue against a fake scontrol that records its argv.
+#include "slurm/requeue.h"
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "comm/init.h"
+#include "slurm/cluster_environment.h"
+
+namespace ringtrain::slurm {
+namespace {
+namespace fs = std::filesystem;
+
+std::atomic<int> g_custom_handler_calls{0};
+extern "C" void custom_handler(int) { g_custom_handler_calls.fetch_add(1); }
+
+TEST(SignalWatcher, RaiseSetsTheFlagOnly) {
+  SignalWatcher watcher;
+  EXPECT_FALSE(watcher.requeue_requested());
+  EXPECT_FALSE(watcher.terminate_requested());
+  ASSERT_EQ(raise(SIGUSR1), 0);  // delivered synchronously to this thread
+  EXPECT_TRUE(watcher.requeue_requested());
+  EXPECT_FALSE(watcher.terminate_requested());
+  EXPECT_EQ(watcher.signal_count(), 1);
+  ASSERT_EQ(raise(SIGTERM), 0);  // would kill the test without the watcher
+  EXPECT_TRUE(watcher.terminate_requested());
+  watcher.clear();
+  EXPECT_FALSE(watcher.requeue_requested());
+  EXPECT_FALSE(watcher.terminate_requested());
+}
+
+TEST(SignalWatcher, ConfigurableSignal) {
+  SignalWatcher watcher(SIGUSR2, /*watch_sigterm=*/false);
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  struct sigaction old {};
+  sigaction(SIGUSR1, &ignore, &old);  // USR1 is not ours now: must not set the flag
+  raise(SIGUSR1);
+  EXPECT_FALSE(watcher.requeue_requested());
+  raise(SIGUSR2);
+  EXPECT_TRUE(watcher.requeue_requested());
+  sigaction(SIGUSR1, &old, nullptr);
+}
+
+TEST(SignalWatcher, RestoresThePreviousHandlers) {
+  struct sigaction custom {};
+  custom.sa_handler = custom_handler;
+  sigemptyset(&custom.sa_mask);
+  struct sigaction saved_usr1 {}, saved_term {};
+  ASSERT_EQ(sigaction(SIGUSR1, &custom, &saved_usr1), 0);
+  ASSERT_EQ(sigaction(SIGTERM, &custom, &saved_term), 0);
+  g_custom_handler_calls = 0;
+  {
+    SignalWatcher watcher;
+    raise(SIGUSR1);
+    EXPECT_EQ(g_custom_handler_calls.load(), 0);  // ours ran instead
+    EXPECT_TRUE(watcher.requeue_requested());
+  }
+  struct sigaction now {};
+  sigaction(SIGUSR1, nullptr, &now);
+  EXPECT_EQ(now.sa_handler, custom_handler);
+  sigaction(SIGTERM, nullptr, &now);
+  EXPECT_EQ(now.sa_handler, custom_handler);
+  raise(SIGUSR1);
+  raise(SIGTERM);
+  EXPECT_EQ(g_custom_handler_calls.load(), 2);
+  sigaction(SIGUSR1, &saved_usr1, nullptr);
+  sigaction(SIGTERM, &saved_term, nullptr);
+}
+
+TEST(SignalWatcher, OnlyOneAtATimeAndNoUncatchableSignals) {
+  {
+    SignalWatcher first;
+    EXPECT_THROW(SignalWatcher second, SlurmError);
+  }
+  SignalWatcher again;  // the first one's destruction freed the slot
+  EXPECT_THROW(SignalWatcher(SIGKILL), SlurmError);
+}
+
+TEST(SignalWatcher, ParseSignal) {
+  EXPECT_EQ(SignalWatcher::parse_signal("USR1"), SIGUSR1);
+  EXPECT_EQ(SignalWatcher::parse_signal("SIGUSR2"), SIGUSR2);
+  EXPECT_EQ(SignalWatcher::parse_signal("sigterm"), SIGTERM);
+  EXPECT_EQ(SignalWatcher::parse_signal("10"), 10);
+  EXPECT_THROW(SignalWatcher::parse_signal("USR3"), SlurmError);
+}
+
+TEST(RequeueCoordinator, SingleProcessDecisions) {
+  SignalWatcher watcher;
+  RequeueCoordinator coordinator(watcher, nullptr);
+  EXPECT_EQ(coordinator.poll(), RequeueDecision::kContinue);
+  raise(SIGUSR1);
+  EXPECT_EQ(coordinator.poll(), RequeueDecision::kCheckpointAndRequeue);
+  raise(SIGTERM);  // SIGTERM wins: save and leave, no requeue
+  EXPECT_EQ(coordinator.poll(), RequeueDecision::kCheckpointAndExit);
+  EXPECT_STREQ(requeue_decision_name(RequeueDecision::kCheckpointAndRequeue), "checkpoint+requeue");
+}
+
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  int port = ntohs(addr.sin_port);
+  close(fd);
+  return port;
+}
+
+// Two real processes on the ring backend: only rank 1 gets the signal, both must
+// decide to requeue at the same poll; the poll before the signal says continue on both.
+TEST(RequeueCoordinator, TwoRanksAgreeWhenOnlyOneWasSignalled) {
+  const int port = free_port();
+  pid_t children[2];
+  for (int rank = 0; rank < 2; ++rank) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      int code = 0;
+      try {
+        comm::InitOptions options;
+        options.init_method = "tcp://127.0.0.1:" + std::to_string(port);
+        options.rank = rank;
+        options.world_size = 2;
+        options.rendezvous_timeout = std::chrono::seconds(30);
+        options.group.timeout = std::chrono::seconds(30);
+        auto group = comm::init_process_group(options);
+        SignalWatcher watcher;
+        RequeueCoordinator coordinator(watcher, group);
+        if (coordinator.poll() != RequeueDecision::kContinue) code = 10;
+        if (rank == 1) raise(SIGUSR1);
+        if (coordinator.poll() != RequeueDecision::kCheckpointAndRequeue) code = 11;
+        if (rank == 0) raise(SIGTERM);
+        if (coordinator.poll() != RequeueDecision::kCheckpointAndExit) code = 12;
+        group->barrier().wait();
+      } catch (const std::exception& e) {
+        fprintf(stderr, "rank %d: %s\n", rank, e.what());
+        code = 20;
+      }
+      _exit(code);
+    }
+    children[rank] = pid;
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    int status = 0;
+    ASSERT_EQ(waitpid(children[rank], &status, 0), children[rank]);
+    ASSERT_TRUE(WIFEXITED(status)) << "rank " << rank << " died";
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "rank " << rank << " (10/11/12: wrong decision at poll 1/2/3)";
+  }
+}
+
+// A fake scontrol: records its arguments, prints `output`, exits with `code`.
+class FakeScontrol : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("ringtrain_scontrol_" + std::to_string(getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string make(const std::string& output, int code) {
+    fs::path script = dir_ / "scontrol";
+    std::ofstream(script) << "#!/bin/sh\nprintf '%s\\n' \"$@\" > '" << (dir_ / "args").string() << "'\n"
+                          << "echo '" << output << "'\nexit " << code << "\n";
+    fs::permissions(script, fs::perms::owner_all);
+    return script.string();
+  }
+  std::string recorded_args() {
+    std::ifstream in(dir_ / "args");
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+  fs::path dir_;
+};
+
+TEST_F(FakeScontrol, RequeueRunsScontrolWithTheId) {
+  comm::EnvMap env = {{"RINGTRAIN_SCONTROL", make("", 0)}};
+  RequeueResult result = requeue_job("1234", env);
+  EXPECT_EQ(recorded_args(), "requeue\n1234\n");
+  EXPECT_EQ(result.command, env["RINGTRAIN_SCONTROL"] + " requeue 1234");
+}
+
+TEST_F(FakeScontrol, ArrayTaskIdFromTheEnvironment) {
+  comm::EnvMap env = {{"RINGTRAIN_SCONTROL", make("", 0)}, {"SLURM_JOB_ID", "1240"},
+                      {"SLURM_ARRAY_JOB_ID", "1237"}, {"SLURM_ARRAY_TASK_ID", "3"}};
+  ClusterEnvironment cluster = detect_cluster_environment(env);
+  requeue_job(cluster.requeue_id, env);
+  EXPECT_EQ(recorded_args(), "requeue\n1237_3\n");
+}
+
+TEST_F(FakeScontrol, FailureCarriesScontrolsMessage) {
+  comm::EnvMap env = {{"RINGTRAIN_SCONTROL",
+                       make("scontrol: error: Requested operation is presently disabled for job 77", 1)}};
+  try {
+    requeue_job("77", env);
+    FAIL() << "expected SlurmError";
+  } catch (const SlurmError& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("exit code 1"), std::string::npos) << what;
+    EXPECT_NE(what.find("presently disabled"), std::string::npos) << what;
+    EXPECT_NE(what.find("JobRequeue=1"), std::string::npos) << what;
+  }
+}
+
+TEST_F(FakeScontrol, MissingScontrolAndBadIds) {
+  comm::EnvMap env = {{"RINGTRAIN_SCONTROL", (dir_ / "no-such-scontrol").string()}};
+  try {
+    requeue_job("5", env);
+    FAIL() << "expected SlurmError";
+  } catch (const SlurmError& e) {
+    EXPECT_NE(std::string(e.what()).find("RINGTRAIN_SCONTROL"), std::string::npos) << e.what();
+  }
+  env["RINGTRAIN_SCONTROL"] = make("", 0);
+  EXPECT_THROW(requeue_job("", env), SlurmError);
+  EXPECT_THROW(requeue_job("12;reboot", env), SlurmError);
+  EXPECT_THROW(requeue_job("12_", env), SlurmError);
+  EXPECT_EQ(recorded_args(), "");  // never ran
+}
+
+TEST(Subprocess, CapturesOutputExitCodeAndTimesOut) {
+  ProcessResult result = run_process({"sh", "-c", "echo out; echo err >&2; exit 3"});
+  EXPECT_EQ(result.exit_code, 3);
+  EXPECT_EQ(result.output, "out\nerr\n");
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(run_process({"sleep", "10"}, std::chrono::milliseconds(200)), SlurmError);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));  // killed, not waited
+  EXPECT_THROW(run_process({"ringtrain-no-such-program"}), SlurmError);
+  EXPECT_EQ(scontrol_command({}), "scontrol");
+}
+
+}  // namespace
+}  // namespace ringtrain::slurm
