@@ -24,6 +24,9 @@ int main(int argc, char** argv) {
   app.add_option("--expect-world", expect_world, "fail unless the world has this many ranks");
   app.add_option("--expect-nodes", expect_nodes, "fail unless the job spans this many nodes, one rank each");
   app.add_option("--backend", backend, "comm backend (ring)");
+  // the sbatch templates and ringtrain-grid pass training flags (--strategy, --lr, ...):
+  // accepted and ignored, so this program can stand in for the trainer in their tests
+  app.allow_extras();
   CLI11_PARSE(app, argc, argv);
   try {
     slurm::ClusterEnvironment env = slurm::detect_cluster_environment();
