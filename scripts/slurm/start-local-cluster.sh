@@ -63,6 +63,7 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=5,sched_interval=5
 JobRequeue=1
 ReturnToService=2
 MinJobAge=300

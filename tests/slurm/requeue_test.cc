@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "comm/init.h"
 #include "slurm/cluster_environment.h"
@@ -157,6 +158,61 @@ TEST(RequeueCoordinator, TwoRanksAgreeWhenOnlyOneWasSignalled) {
     ASSERT_EQ(waitpid(children[rank], &status, 0), children[rank]);
     ASSERT_TRUE(WIFEXITED(status)) << "rank " << rank << " died";
     EXPECT_EQ(WEXITSTATUS(status), 0) << "rank " << rank << " (10/11/12: wrong decision at poll 1/2/3)";
+  }
+}
+
+// The walltime signal arrives while collectives are in flight, at any thread of the
+// process (kill(getpid()) is process-directed). With the watcher installed the
+// collectives must neither fail nor compute wrong results: comm retries on EINTR.
+TEST(RequeueCoordinator, CollectivesSurviveASignalStorm) {
+  const int port = free_port();
+  pid_t children[2];
+  for (int rank = 0; rank < 2; ++rank) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      int code = 0;
+      try {
+        SignalWatcher watcher;  // before any comm thread exists, as in the Trainer
+        comm::InitOptions options;
+        options.init_method = "tcp://127.0.0.1:" + std::to_string(port);
+        options.rank = rank;
+        options.world_size = 2;
+        options.rendezvous_timeout = std::chrono::seconds(30);
+        options.group.timeout = std::chrono::seconds(30);
+        auto group = comm::init_process_group(options);
+        std::atomic<bool> stop{false};
+        std::thread storm([&] {
+          while (!stop.load()) {
+            kill(getpid(), SIGUSR1);
+            std::this_thread::sleep_for(std::chrono::microseconds(200));
+          }
+        });
+        std::vector<float> data(1 << 15);
+        for (int iter = 0; iter < 100 && code == 0; ++iter) {
+          std::fill(data.begin(), data.end(), float(rank + 1 + iter));
+          group->allreduce({data.data(), data.size(), DType::kFloat32, Device::cpu()}).wait();
+          if (data[0] != float(3 + 2 * iter) || data.back() != float(3 + 2 * iter)) code = 30;
+        }
+        stop = true;
+        storm.join();
+        RequeueCoordinator coordinator(watcher, group);
+        if (coordinator.poll() != RequeueDecision::kCheckpointAndRequeue) code = 31;
+        if (watcher.signal_count() < 10) code = 32;  // the storm really hit us
+        group->barrier().wait();
+      } catch (const std::exception& e) {
+        fprintf(stderr, "rank %d: %s\n", rank, e.what());
+        code = 20;
+      }
+      _exit(code);
+    }
+    children[rank] = pid;
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    int status = 0;
+    ASSERT_EQ(waitpid(children[rank], &status, 0), children[rank]);
+    ASSERT_TRUE(WIFEXITED(status)) << "rank " << rank << " died";
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "rank " << rank << " (20: comm error, 30: wrong sum, 31/32: flag)";
   }
 }
 
