@@ -145,11 +145,44 @@ void pack_a(int64_t mc, int64_t kc, const float* A, int64_t rs, int64_t cs, floa
   }
 }
 
+// In-register transpose of eight 8-float rows: afterwards r[q] holds element q of every row.
+inline void transpose_8x8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x20);
+    r[4 + i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x31);
+  }
+}
+
 // B slice [kc x nc] (element strides rs, cs) -> kNR-column panels, p-major, zero padded.
 void pack_b(int64_t kc, int64_t nc, const float* B, int64_t rs, int64_t cs, float* out) {
   for (int64_t j0 = 0; j0 < nc; j0 += kNR) {
     const int64_t nr = std::min(kNR, nc - j0);
-    for (int64_t p = 0; p < kc; ++p) {
+    int64_t p_done = 0;
+    if (rs == 1 && nr == kNR) {
+      // B is a transposed view (x @ W^T in Linear): each panel column is a contiguous
+      // row of W. Read 8 floats from each of 8 rows, transpose in registers, write 8
+      // panel rows; a scalar gather here cost as much as a third of the GEMM.
+      for (; p_done + 8 <= kc; p_done += 8) {
+        for (int half = 0; half < 2; ++half) {
+          __m256 r[8];
+          for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(B + (j0 + half * 8 + i) * cs + p_done);
+          transpose_8x8(r);
+          for (int q = 0; q < 8; ++q) _mm256_storeu_ps(out + (p_done + q) * kNR + half * 8, r[q]);
+        }
+      }
+    }
+    for (int64_t p = p_done; p < kc; ++p) {
       const float* src = B + p * rs + j0 * cs;
       float* dst = out + p * kNR;
       if (cs == 1 && nr == kNR) {
