@@ -138,6 +138,46 @@ RequeueDecision RequeueCoordinator::poll() {
   return static_cast<RequeueDecision>(flag);
 }
 
+RequeueAction RequeueCoordinator::carry_out(RequeueDecision decision, const ClusterEnvironment& env,
+                                            const std::function<void()>& save_checkpoint,
+                                            const comm::EnvMap& process_env) {
+  RequeueAction action;
+  action.decision = decision;
+  if (decision == RequeueDecision::kContinue) return action;
+  const bool rank0 = group_ ? group_->rank() == 0 : true;
+  const std::string why = decision == RequeueDecision::kCheckpointAndRequeue
+                              ? std::string("signal ") + strsignal(watcher_.requeue_signal()) +
+                                    " (walltime near)"
+                              : std::string("SIGTERM");
+  if (rank0) {
+    try {
+      save_checkpoint();
+    } catch (const std::exception& e) {
+      if (group_) group_->abort(std::string("rank 0 failed to save the checkpoint after ") + why + ": " + e.what());
+      throw;
+    }
+  }
+  // Nobody leaves before the checkpoint is complete: once rank 0 requeues, SLURM
+  // cancels every task of the job at once.
+  if (group_ && group_->size() > 1) group_->barrier().wait();
+  if (decision == RequeueDecision::kCheckpointAndExit) {
+    action.message = why + ": checkpoint saved, exiting without requeue";
+    return action;
+  }
+  if (env.requeue_id.empty()) {
+    action.message = why + ": checkpoint saved; not inside a SLURM job, so nothing to requeue";
+    return action;
+  }
+  if (rank0) {
+    RequeueResult result = requeue_job(env.requeue_id, process_env);
+    action.requeued = true;
+    action.message = why + ": checkpoint saved, ran `" + result.command + "`";
+  } else {
+    action.message = why + ": checkpoint saved by rank 0, which requeues job " + env.requeue_id;
+  }
+  return action;
+}
+
 std::string scontrol_command(const comm::EnvMap& env) {
   auto it = env.find("RINGTRAIN_SCONTROL");
   if (it != env.end() && !it->second.empty()) return it->second;

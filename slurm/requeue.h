@@ -44,8 +44,11 @@
 #include <memory>
 #include <string>
 
+#include <functional>
+
 #include "comm/launch_env.h"
 #include "comm/process_group.h"
+#include "slurm/cluster_environment.h"
 #include "slurm/subprocess.h"
 
 namespace ringtrain::slurm {
@@ -90,10 +93,27 @@ const char* requeue_decision_name(RequeueDecision decision);
 // collective when `group` is set: every rank must call it at the same point (each
 // step, or every k steps counted identically on all ranks). With a null group it is
 // a local check (single process). SIGTERM wins over requeue (max of the flags).
+struct RequeueAction {
+  RequeueDecision decision = RequeueDecision::kContinue;
+  bool requeued = false;  // rank 0 ran scontrol requeue successfully
+  std::string message;    // one line for the log: what was done and why
+};
+
 class RequeueCoordinator {
  public:
   RequeueCoordinator(const SignalWatcher& watcher, std::shared_ptr<comm::ProcessGroup> group);
   RequeueDecision poll();
+  // Carries out a decision poll() returned, on every rank: rank 0 runs
+  // save_checkpoint, all ranks barrier, then for kCheckpointAndRequeue rank 0 runs
+  // `scontrol requeue env.requeue_id`. Outside a SLURM job (no requeue id) it saves
+  // and reports that nothing could be requeued. If the save throws on rank 0, the
+  // group is aborted with the reason (the others fail at the barrier with it instead
+  // of timing out) and the exception propagates. The caller then exits cleanly
+  // (return from main with 0): the requeued run resumes from the checkpoint.
+  // kContinue: does nothing.
+  RequeueAction carry_out(RequeueDecision decision, const ClusterEnvironment& env,
+                          const std::function<void()>& save_checkpoint,
+                          const comm::EnvMap& process_env = comm::current_environment());
   // What this rank saw itself (before agreeing).
   RequeueDecision local_state() const;
 

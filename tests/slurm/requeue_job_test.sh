@@ -41,7 +41,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 [[ "$state" == COMPLETED ]] || fail "job $JOB ended $state (expected COMPLETED)"
 grep -q "decision checkpoint+requeue" "$WORK/job.out" || fail "no rank decided checkpoint+requeue"
 [[ "$(grep -c 'decision checkpoint+requeue' "$WORK/job.out")" -ge 2 ]] || fail "not every rank took the decision"
-grep -q "rank 0 requeued: .* requeue $JOB" "$WORK/job.out" || fail "rank 0 did not run scontrol requeue $JOB"
+grep -q "rank 0: .*checkpoint saved, ran .scontrol requeue $JOB." "$WORK/job.out" || fail "rank 0 did not run scontrol requeue $JOB"
 grep -q "restart_count 1" "$WORK/job.out" || fail "the job did not come back with SLURM_RESTART_COUNT=1"
 grep -q "rank 0 finished at step" "$WORK/job.out" || fail "rank 0 did not finish"
 grep -q "rank 1 finished at step" "$WORK/job.out" || fail "rank 1 did not finish"

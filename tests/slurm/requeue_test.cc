@@ -284,6 +284,59 @@ TEST_F(FakeScontrol, MissingScontrolAndBadIds) {
   EXPECT_EQ(recorded_args(), "");  // never ran
 }
 
+TEST_F(FakeScontrol, CarryOutSavesThenRequeues) {
+  comm::EnvMap env = {{"RINGTRAIN_SCONTROL", make("", 0)}, {"SLURM_JOB_ID", "77"}};
+  ClusterEnvironment cluster = detect_cluster_environment(env);
+  SignalWatcher watcher;
+  RequeueCoordinator coordinator(watcher, nullptr);
+  int saves = 0;
+  auto save = [&] {
+    EXPECT_EQ(recorded_args(), "");  // the checkpoint comes before the requeue
+    ++saves;
+  };
+  RequeueAction none = coordinator.carry_out(coordinator.poll(), cluster, save, env);
+  EXPECT_EQ(saves, 0);
+  EXPECT_FALSE(none.requeued);
+
+  raise(SIGUSR1);
+  RequeueAction action = coordinator.carry_out(coordinator.poll(), cluster, save, env);
+  EXPECT_EQ(saves, 1);
+  EXPECT_TRUE(action.requeued);
+  EXPECT_EQ(recorded_args(), "requeue\n77\n");
+  EXPECT_NE(action.message.find("requeue 77"), std::string::npos) << action.message;
+}
+
+TEST_F(FakeScontrol, CarryOutWithoutRequeue) {
+  comm::EnvMap env = {{"RINGTRAIN_SCONTROL", make("", 0)}};
+  SignalWatcher watcher;
+  RequeueCoordinator coordinator(watcher, nullptr);
+  int saves = 0;
+  // outside SLURM: saved, nothing to requeue
+  raise(SIGUSR1);
+  RequeueAction outside = coordinator.carry_out(coordinator.poll(), detect_cluster_environment(env),
+                                                [&] { ++saves; }, env);
+  EXPECT_EQ(saves, 1);
+  EXPECT_FALSE(outside.requeued);
+  EXPECT_NE(outside.message.find("not inside a SLURM job"), std::string::npos) << outside.message;
+  // SIGTERM inside SLURM: saved, exit, no requeue
+  comm::EnvMap slurm_env = env;
+  slurm_env["SLURM_JOB_ID"] = "78";
+  raise(SIGTERM);
+  RequeueAction term = coordinator.carry_out(coordinator.poll(), detect_cluster_environment(slurm_env),
+                                             [&] { ++saves; }, slurm_env);
+  EXPECT_EQ(term.decision, RequeueDecision::kCheckpointAndExit);
+  EXPECT_EQ(saves, 2);
+  EXPECT_FALSE(term.requeued);
+  EXPECT_EQ(recorded_args(), "");  // scontrol never ran
+  // a failing save propagates and nothing is requeued
+  watcher.clear();
+  raise(SIGUSR1);
+  EXPECT_THROW(coordinator.carry_out(coordinator.poll(), detect_cluster_environment(slurm_env),
+                                     [] { throw std::runtime_error("disk full"); }, slurm_env),
+               std::runtime_error);
+  EXPECT_EQ(recorded_args(), "");
+}
+
 TEST(Subprocess, CapturesOutputExitCodeAndTimesOut) {
   ProcessResult result = run_process({"sh", "-c", "echo out; echo err >&2; exit 3"});
   EXPECT_EQ(result.exit_code, 3);

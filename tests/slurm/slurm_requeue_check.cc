@@ -56,18 +56,15 @@ int main(int argc, char** argv) {
       slurm::RequeueDecision decision = coordinator.poll();
       if (decision == slurm::RequeueDecision::kContinue) continue;
       std::printf("rank %d decision %s after step %d\n", env.rank, slurm::requeue_decision_name(decision), step);
-      if (env.rank == 0) {  // the checkpoint: the next step to run, written atomically
+      // the checkpoint: the next step to run, written atomically by rank 0
+      slurm::RequeueAction action = coordinator.carry_out(decision, env, [&] {
         fs::create_directories(state_dir);
         fs::path tmp = checkpoint;
         tmp += ".tmp";
         std::ofstream(tmp) << step + 1 << "\n";
         fs::rename(tmp, checkpoint);
-      }
-      if (group) group->barrier().wait();  // nobody leaves before the checkpoint exists
-      if (env.rank == 0 && decision == slurm::RequeueDecision::kCheckpointAndRequeue) {
-        slurm::RequeueResult result = slurm::requeue_job(env.requeue_id);
-        std::printf("rank 0 requeued: %s\n", result.command.c_str());
-      }
+      });
+      std::printf("rank %d: %s\n", env.rank, action.message.c_str());
       std::fflush(stdout);
       return 0;
     }
