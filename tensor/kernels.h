@@ -39,6 +39,8 @@ const char* binary_op_name(BinaryOp op);
   void binary_scalar(BinaryOp op, const Tensor& a, double scalar, const Tensor& out);              \
   /* out = cond != 0 ? a : b; all expanded to out's shape. */                                      \
   void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out);             \
+  /* y += alpha * x in place; x expanded to y's shape (the optimizers' update). */                \
+  void axpy(double alpha, const Tensor& x, const Tensor& y);                                      \
   /* Reduces `in` over the dims where reduce_mask[d] is true; out has in's rank with those dims    \
      of size 1 (keepdim layout). */                                                                \
   void reduce(ReduceOp op, const Tensor& in, const std::vector<bool>& reduce_mask,                 \

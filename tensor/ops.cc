@@ -300,8 +300,7 @@ Tensor& add_(Tensor& a, const Tensor& b, double alpha) {
   if (alpha == 1.0) {
     RT_KERNEL(a, binary)(BinaryOp::kAdd, a, b.expand(shape), a);
   } else {
-    Tensor scaled = mul(b, alpha);
-    RT_KERNEL(a, binary)(BinaryOp::kAdd, a, scaled.expand(shape), a);
+    RT_KERNEL(a, axpy)(alpha, b.expand(shape), a);  // one pass, no temporary
   }
   a.bump_version();
   return a;

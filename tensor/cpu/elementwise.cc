@@ -317,6 +317,32 @@ void binary_scalar(BinaryOp op, const Tensor& a, double scalar, const Tensor& ou
   });
 }
 
+void axpy(double alpha, const Tensor& x, const Tensor& y) {
+  check_out("axpy", x, y);
+  if (y.numel() == 0) return;
+  dispatch_dtype(y.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using C = std::conditional_t<detail::kIsFloat<T>, Compute<T>, double>;
+    const C a = static_cast<C>(alpha);
+    StridedLoop<2> loop(y.shape(), {&y.strides(), &x.strides()}, {isz<T>(), isz<T>()});
+    loop.run({byte_ptr(y), byte_ptr(x)}, [a](std::array<char*, 2> p, const std::array<int64_t, 2>& s, int64_t n) {
+      T* yp = reinterpret_cast<T*>(p[0]);
+      const T* xp = reinterpret_cast<const T*>(p[1]);
+      const int64_t ys = s[0] / isz<T>(), xs = s[1] / isz<T>();
+      if constexpr (std::is_same_v<T, C>) {
+        if (ys == 1 && xs == 1) {  // the common case: one vectorisable pass, no temporary
+          for (int64_t i = 0; i < n; ++i) yp[i] += a * xp[i];
+          return;
+        }
+        for (int64_t i = 0; i < n; ++i) yp[i * ys] += a * xp[i * xs];
+      } else {  // 16-bit floats through float, integers through double
+        for (int64_t i = 0; i < n; ++i)
+          yp[i * ys] = static_cast<T>(static_cast<C>(yp[i * ys]) + a * static_cast<C>(xp[i * xs]));
+      }
+    });
+  });
+}
+
 void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
   check_out("where", a, out);
   check_out("where", b, out);

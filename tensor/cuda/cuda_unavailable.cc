@@ -130,6 +130,10 @@ void binary_scalar(BinaryOp op, const Tensor&, double, const Tensor&) {
                                           "): cannot run on a CUDA device: ",
                                           ringtrain::cuda::unavailable_reason()));
 }
+void axpy(double, const Tensor&, const Tensor&) {
+  throw Error(::ringtrain::detail::concat("cuda::axpy: cannot run on a CUDA device: ",
+                                          ringtrain::cuda::unavailable_reason()));
+}
 void where(const Tensor&, const Tensor&, const Tensor&, const Tensor&) { no_cuda("cuda::where"); }
 void reduce(ReduceOp, const Tensor&, const std::vector<bool>&, const Tensor&) {
   no_cuda("cuda::reduce");

@@ -261,6 +261,14 @@ void binary_scalar(BinaryOp op, const Tensor& a, double scalar, const Tensor& ou
   launch_binary(op, a, nullptr, scalar, out, "cuda::binary_scalar");
 }
 
+// y += alpha * x as two of the launches above (scale into a temporary, add); the
+// CPU kernel is fused, a fused CUDA kernel is a later optimisation.
+void axpy(double alpha, const Tensor& x, const Tensor& y) {
+  Tensor scaled = Tensor::empty(x.shape(), x.dtype(), x.device());
+  binary_scalar(BinaryOp::kMul, x, alpha, scaled);
+  binary(BinaryOp::kAdd, y, scaled, y);
+}
+
 void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
   constexpr const char* kOp = "cuda::where";
   int device = cuda_device_of(out, kOp);

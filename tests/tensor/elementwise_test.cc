@@ -362,6 +362,20 @@ TEST(InPlace, AddMulDivIntoViews) {
   }
 }
 
+TEST(InPlace, AddWithAlphaContiguousFastPathAndIntegers) {
+  for (DType dtype : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Tensor a = random_tensor({1000}, dtype, 21);
+    Tensor b = random_tensor({1000}, dtype, 22);
+    RefTensor expected = ref_binary(BinaryOp::kAdd, to_ref(a), ref_binary_scalar(BinaryOp::kMul, to_ref(b), -0.25));
+    add_(a, b, -0.25);  // the optimizers' update: one fused pass
+    EXPECT_TRUE(expect_close(a, expected, tolerance_for(dtype)));
+  }
+  Tensor i = arange(0, 10, 1, DType::kInt64);
+  add_(i, arange(0, 10, 1, DType::kInt64), 2.0);
+  EXPECT_EQ(i.to_vector<int64_t>(), (std::vector<int64_t>{0, 3, 6, 9, 12, 15, 18, 21, 24, 27}));
+}
+
 // ---------------------------------------------------------------- finiteness
 
 TEST(Finite, AllFiniteFindsInfAndNaNAnywhere) {
