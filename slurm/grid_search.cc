@@ -264,9 +264,11 @@ std::vector<GridRun> plan_grid(const GridSpec& spec) {
     std::string args, values_text;
     std::map<std::string, std::string> vars;
     for (const auto& [name, value] : run.values) {
-      run.name += "_" + name + "-" + path_safe(value);
-      args += (args.empty() ? "" : " ") + ("--" + name) + " " + shell_quote(value);
-      values_text += (values_text.empty() ? "" : " ") + name + "=" + value;
+      run.name.append("_").append(name).append("-").append(path_safe(value));
+      if (!args.empty()) args.push_back(' ');
+      args.append("--").append(name).append(" ").append(shell_quote(value));
+      if (!values_text.empty()) values_text.push_back(' ');
+      values_text.append(name).append("=").append(value);
       vars[name] = value;
     }
     run.dir = (root / run.name).string();
