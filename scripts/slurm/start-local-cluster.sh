@@ -12,6 +12,8 @@
 #      slurmd files named per node with %n;
 #   3. starts munged, slurmctld, then `slurmd -N node1` and `slurmd -N node2`;
 #   4. waits until `sinfo` shows both nodes idle.
+# It also makes the node names node1/node2 resolve to 127.0.0.1 (an /etc/hosts line
+# each, when missing), because jobs rendezvous at the first node of their node list.
 # It prints the `export SLURM_CONF=...` line the shell needs: srun, sbatch and
 # scontrol find this cluster through SLURM_CONF. No systemd is used (CI has none).
 #
@@ -93,6 +95,23 @@ mkdir -p "$DIR/spool/node1" "$DIR/spool/node2"
 export SLURM_CONF="$CONF"
 
 alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+# ---- 2b. node names that resolve ----
+# Jobs see SLURM_JOB_NODELIST=node[1-2]; ringtrain's slurm:// rendezvous (like
+# Lightning's) meets at the first node of that list, so "node1" must resolve, as node
+# names do on a real cluster. Add them to /etc/hosts for 127.0.0.1 when they do not
+# (RINGTRAIN_SLURM_HOSTS=0 skips this; then export MASTER_ADDR=127.0.0.1 instead).
+if [[ "${RINGTRAIN_SLURM_HOSTS:-1}" != 0 ]]; then
+  for node in node1 node2; do
+    if ! getent hosts "$node" >/dev/null; then
+      if echo "127.0.0.1 $node  # ringtrain local SLURM (scripts/slurm/start-local-cluster.sh)" >>/etc/hosts; then
+        log "added $node to /etc/hosts (127.0.0.1)"
+      else
+        log "cannot write /etc/hosts: $node does not resolve; export MASTER_ADDR=127.0.0.1 for multi-node runs"
+      fi
+    fi
+  done
+fi
 
 # ---- 3. daemons ----
 if ! pgrep -x munged >/dev/null; then
