@@ -15,7 +15,7 @@
 //   {
 //     "job_name": "digits-grid",
 //     "output_root": "runs/digits-grid",          // run directories go under here
-//     "command": "build/examples/digits_train --strategy ddp --epochs 20",
+//     "command": "build/examples/digits_ddp --strategy ddp --epochs 20 --num-nodes 2",
 //     "nodes": 2, "ntasks_per_node": 1, "time": "00:30:00",
 //     "sbatch": ["--partition=debug", "--gres=gpu:1"],   // extra #SBATCH lines
 //     "template": "path/to/my.sbatch.in",         // optional; default kDefaultGridTemplate
@@ -46,7 +46,7 @@ struct GridParam {
 struct GridSpec {
   std::string job_name = "ringtrain-grid";
   std::string output_root = "grid_runs";  // made absolute by plan_grid
-  std::string command = "${RINGTRAIN_BUILD:-build}/examples/digits_train --strategy ddp --epochs 20";
+  std::string command = "${RINGTRAIN_BUILD:-build}/examples/digits_ddp --strategy ddp --epochs 20 --num-nodes {{nodes}}";
   int nodes = 1;
   int ntasks_per_node = 1;
   std::string time = "01:00:00";

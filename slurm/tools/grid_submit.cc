@@ -34,7 +34,8 @@ int main(int argc, char** argv) {
   app.add_option("--output-root", output_root, "where the per-run directories go (default grid_runs)");
   app.add_option("--job-name", job_name, "job name prefix (default ringtrain-grid)");
   app.add_option("--command", command, "the program each run starts with srun "
-                 "(default: ${RINGTRAIN_BUILD:-build}/examples/digits_train --strategy ddp --epochs 20)");
+                 "(default: ${RINGTRAIN_BUILD:-build}/examples/digits_ddp --strategy ddp --epochs 20 --num-nodes {{nodes}}); "
+                 "{{placeholders}} are filled in as in the template");
   app.add_option("--nodes", nodes, "nodes per run")->check(CLI::PositiveNumber);
   app.add_option("--ntasks-per-node", ntasks_per_node, "tasks (ranks) per node, one per GPU")
       ->check(CLI::PositiveNumber);
