@@ -1,4 +1,6 @@
 // slurm_rendezvous_check.cc: run under `srun -N2 -n2`; proves SLURM rendezvous without PMIx.
+// (Also run under mpirun and ringrun with --expect-launcher mpi / torchrun: detection
+// with the variables those launchers really set, and rendezvous through them.)
 //
 // Each task detects its environment (slurm/cluster_environment.h), joins the job
 // with comm::init_process_group using the init method it reports (slurm://: the
@@ -20,8 +22,10 @@ int main(int argc, char** argv) {
   using namespace ringtrain;
   CLI::App app{"slurm_rendezvous_check: allreduce + requeue agreement across srun tasks"};
   int expect_world = 0, expect_nodes = 0;
+  std::string expect_launcher = "slurm";
   std::string backend = "ring";
   app.add_option("--expect-world", expect_world, "fail unless the world has this many ranks");
+  app.add_option("--expect-launcher", expect_launcher, "slurm, torchrun, mpi or local");
   app.add_option("--expect-nodes", expect_nodes, "fail unless the job spans this many nodes, one rank each");
   app.add_option("--backend", backend, "comm backend (ring)");
   // the sbatch templates and ringtrain-grid pass training flags (--strategy, --lr, ...):
@@ -31,9 +35,9 @@ int main(int argc, char** argv) {
   try {
     slurm::ClusterEnvironment env = slurm::detect_cluster_environment();
     std::printf("detected: %s\n", env.describe().c_str());
-    if (env.launcher != slurm::Launcher::kSlurm) {
-      throw slurm::SlurmError("not launched as a SLURM task (launcher " +
-                              std::string(slurm::launcher_name(env.launcher)) + "); run it with srun");
+    if (slurm::launcher_name(env.launcher) != expect_launcher) {
+      throw slurm::SlurmError("detected launcher " + std::string(slurm::launcher_name(env.launcher)) +
+                              ", expected " + expect_launcher + " (run it with srun, or pass --expect-launcher)");
     }
     if (expect_world > 0 && env.world_size != expect_world) {
       throw slurm::SlurmError("world size " + std::to_string(env.world_size) + ", expected " +
