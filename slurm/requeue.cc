@@ -7,6 +7,7 @@
 // the flags, which outlive it.
 #include "slurm/requeue.h"
 
+#include <cctype>
 #include <cstring>
 #include <regex>
 
