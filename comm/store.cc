@@ -2,6 +2,7 @@
 
 #include <poll.h>
 
+#include <cerrno>
 #include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -120,6 +121,7 @@ void StoreServer::serve(int client_index) {
       pollfd pfd{socket->fd(), POLLIN, 0};
       int rc = ::poll(&pfd, 1, 200);
       if (rc == 0) continue;
+      if (rc < 0 && errno == EINTR) continue;  // a signal (e.g. SLURM's walltime USR1) hit this thread
       if (rc < 0) return;
       message = read_message(*socket, Clock::now() + kIoTimeout);
     } catch (const SocketClosed&) {

@@ -232,7 +232,9 @@ void Reducer::mark_variable_ready(size_t index, bool used) {
   Bucket& bucket = buckets_[loc.bucket_index];
   Tensor& view = bucket.views[loc.intra_bucket_index];
   Tensor g = autograd::grad(params_[index]);
-  if (!used || !g.defined()) {
+  if (passthrough()) {
+    // nothing to move: the average over one rank is the gradient itself
+  } else if (!used || !g.defined()) {
     zero_(view);  // an unused parameter contributes zeros to the average
   } else if (!g.is_same(view)) {
     view.copy_(g);  // gradient_as_bucket_view makes this a no-op (same tensor)
@@ -250,10 +252,11 @@ void Reducer::launch_ready_buckets() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     Bucket& bucket = buckets_[next_bucket_++];
     bucket.launch_time = Clock::now();
+    bucket.launched = true;
+    if (passthrough()) continue;  // an empty Work: already complete
     CommHookResult result = comm_hook_(*group_, bucket);
     bucket.work = std::move(result.work);
     bucket.finish = std::move(result.finish);
-    bucket.launched = true;
   }
 }
 
@@ -308,7 +311,9 @@ void Reducer::finalize_backward() {
 
   // Step 4: which parameters were used anywhere? (only when some may be unused)
   std::vector<bool> globally_used(params_.size(), true);
-  if (options_.find_unused_parameters || options_.static_graph) {
+  if (passthrough()) {
+    globally_used = used_;
+  } else if (options_.find_unused_parameters || options_.static_graph) {
     std::vector<int32_t> used(params_.size());
     for (size_t i = 0; i < params_.size(); ++i) used[i] = used_[i] ? 1 : 0;
     group_->allreduce({used.data(), used.size(), DType::kInt32, Device::cpu()}, comm::ReduceOp::kMax)
@@ -318,16 +323,24 @@ void Reducer::finalize_backward() {
 
   // Step 5: averaged gradients back into .grad. A parameter no rank used keeps
   // no gradient, exactly as in single-process training.
-  for (size_t i = 0; i < params_.size(); ++i) {
+  //   gradient_as_bucket_view: .grad already is the bucket view; nothing moves.
+  //   otherwise: .grad *becomes* the bucket view and the bucket gets a fresh buffer
+  //   for the next step (from the caching allocator), instead of copying every
+  //   averaged gradient back; every slot of the fresh buffer is written (copy or
+  //   zero) before its bucket is launched, so it needs no initialisation.
+  for (size_t i = 0; i < params_.size() && !passthrough(); ++i) {
     const VariableLocator& loc = locators_[i];
     const Tensor& view = buckets_[loc.bucket_index].views[loc.intra_bucket_index];
     Tensor g = autograd::grad(params_[i]);
-    if (!globally_used[i]) {
-      autograd::set_grad(params_[i], Tensor());
-    } else if (!g.defined()) {
-      autograd::set_grad(params_[i], options_.gradient_as_bucket_view ? view : view.clone());
-    } else if (!g.is_same(view)) {
-      g.copy_(view);
+    if (!globally_used[i]) autograd::set_grad(params_[i], Tensor());
+    else if (!g.defined() || !g.is_same(view)) autograd::set_grad(params_[i], view);
+  }
+  if (!options_.gradient_as_bucket_view && !passthrough()) {
+    for (auto& bucket : buckets_) {
+      bucket.flat = Tensor::empty(bucket.flat.shape(), bucket.flat.dtype(), bucket.flat.device());
+      for (size_t j = 0; j < bucket.views.size(); ++j)
+        bucket.views[j] = bucket.flat.narrow(0, bucket.offsets[j], bucket.lengths[j])
+                              .view(params_[bucket.variable_indices[j]].shape());
     }
   }
 

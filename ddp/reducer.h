@@ -107,7 +107,10 @@ class Reducer {
   // backward only accumulates into .grad locally.
   void prepare_for_backward(const std::vector<Tensor>& outputs, bool sync);
 
-  void register_comm_hook(CommHook hook) { comm_hook_ = std::move(hook); }
+  void register_comm_hook(CommHook hook) {
+    comm_hook_ = std::move(hook);
+    custom_hook_ = true;
+  }
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   // Parameter indices in bucket order, per bucket (for tests and the tour).
@@ -142,6 +145,10 @@ class Reducer {
   std::shared_ptr<comm::ProcessGroup> group_;  // who we reduce with
   ReducerOptions options_;
   CommHook comm_hook_;                         // how one bucket is reduced
+  bool custom_hook_ = false;                   // register_comm_hook was called
+  // One process and the default (averaging) hook: the allreduce is the identity, so
+  // gradients stay where autograd put them (no bucket copies, no collectives).
+  bool passthrough() const { return group_->size() == 1 && !custom_hook_; }
 
   std::vector<Bucket> buckets_;                // current bucket assignment
   std::vector<VariableLocator> locators_;      // param index -> place in buckets_

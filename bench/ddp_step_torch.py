@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""The PyTorch twin of bench/ddp_step.cc: the same MLP step under torch DDP (gloo).
+
+Launch it like any torch.distributed program; ringtrain's launcher sets the
+variables torch reads (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE):
+    build/comm/ringrun --nproc-per-node 2 python3 bench/ddp_step_torch.py --json out.json
+One compute thread per rank (torch.set_num_threads(1)), batch 64 per rank, f32,
+SGD, default DDP bucket caps (25 MiB, first 1 MiB). Medians over timed steps,
+each step timed as the slowest rank's (max over ranks), as bench/ddp_step does.
+Correctness while timing: the replicas must hold identical parameters at the end.
+"""
+import argparse
+import json
+import os
+import statistics
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def make_mlp(a):
+    torch.manual_seed(1)
+    layers, width = [], a.in_features
+    for _ in range(a.hidden):
+        layers += [nn.Linear(width, a.width), nn.ReLU()]
+        width = a.width
+    layers.append(nn.Linear(width, a.classes))
+    return nn.Sequential(*layers)
+
+
+def time_steps(step, a, world):
+    for _ in range(a.warmup):
+        step()
+    times = []
+    for _ in range(a.steps):
+        if world > 1:
+            dist.barrier()
+        t0 = time.perf_counter()
+        step()
+        t = torch.tensor([(time.perf_counter() - t0) * 1000.0], dtype=torch.float64)
+        if world > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        times.append(t.item())
+    return statistics.median(times)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--in-features", type=int, default=784)
+    p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--hidden", type=int, default=4)
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=15)
+    p.add_argument("--json", default="")
+    a = p.parse_args()
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    dist.init_process_group("gloo", init_method="env://", world_size=world, rank=rank)
+    g = torch.Generator().manual_seed(100 + rank)
+    x = torch.randn(a.batch, a.in_features, generator=g)
+    y = (torch.rand(a.batch, generator=g) * a.classes).long()
+    loss_fn = nn.CrossEntropyLoss()
+
+    local = make_mlp(a)
+    opt_local = torch.optim.SGD(local.parameters(), lr=0.01)
+
+    def local_step():
+        opt_local.zero_grad()
+        loss_fn(local(x), y).backward()
+        opt_local.step()
+
+    t_local = time_steps(local_step, a, world)
+
+    model = nn.parallel.DistributedDataParallel(make_mlp(a))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def ddp_step():
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+
+    t_ddp = time_steps(ddp_step, a, world)
+
+    checksum = torch.tensor([float(sum(p.double().sum() for p in model.parameters()))], dtype=torch.float64)
+    lo, hi = checksum.clone(), checksum.clone()
+    if world > 1:
+        dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+        dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+    wrong = int(lo.item() != hi.item())
+    if rank == 0:
+        result = {"world": world, "torch": torch.__version__, "t_local_ms": t_local, "t_ddp_ms": t_ddp, "wrong": wrong}
+        print(json.dumps(result))
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(result, f, indent=2)
+    if world > 1:
+        dist.barrier()  # leave together; torch 1.13's gloo can spin in destroy_process_group
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
