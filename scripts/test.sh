@@ -4,5 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# Label slurm needs root: it installs slurm-wlm + munge and starts a local two-node cluster
+# itself (about 1 min; RINGTRAIN_SLURM_KEEP=1 leaves it running). Label cuda skips without a GPU.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # mpirun as root (CI runs as root)
 ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure --timeout 600 -j "${CTEST_JOBS:-2}" "$@"
