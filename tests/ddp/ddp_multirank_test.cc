@@ -93,12 +93,12 @@ std::unique_ptr<nn::Optimizer> make_optimizer(nn::Module& m, Opt opt) {
   return std::make_unique<nn::Adam>(m.parameters(), nn::AdamOptions{.lr = 0.01});
 }
 
-// Trains DDP on slices and a reference on the whole batch; compares after every step.
-void train_and_compare(std::shared_ptr<nn::Module> model, std::shared_ptr<nn::Module> reference,
-                       DdpOptions options, Opt opt, int steps = 4, int micro_batches = 1) {
-  DistributedDataParallel ddp(model, g_world, options);
-  auto opt_ddp = make_optimizer(*model, opt);
-  auto opt_ref = make_optimizer(*reference, opt);
+// Trains `ddp` on this rank's slices and `reference` on the whole global batch;
+// compares the parameters after every step.
+void run_and_compare(DistributedDataParallel& ddp, nn::Module& reference, Opt opt, int steps = 4,
+                     int micro_batches = 1) {
+  auto opt_ddp = make_optimizer(ddp.module(), opt);
+  auto opt_ref = make_optimizer(reference, opt);
   for (int step = 0; step < steps; ++step) {
     opt_ddp->zero_grad();
     opt_ref->zero_grad();
@@ -111,13 +111,19 @@ void train_and_compare(std::shared_ptr<nn::Module> model, std::shared_ptr<nn::Mo
       } else {
         autograd::backward(ag::cross_entropy(ddp(local.x), local.y));
       }
-      autograd::backward(ag::cross_entropy(reference->forward(global.x), global.y));
+      autograd::backward(ag::cross_entropy(reference.forward(global.x), global.y));
     }
     opt_ddp->step();
     opt_ref->step();
-    expect_same_parameters(*model, *reference);
+    expect_same_parameters(ddp.module(), reference);
     if (::testing::Test::HasFatalFailure()) return;
   }
+}
+
+void train_and_compare(std::shared_ptr<nn::Module> model, std::shared_ptr<nn::Module> reference,
+                       DdpOptions options, Opt opt, int steps = 4, int micro_batches = 1) {
+  DistributedDataParallel ddp(model, g_world, options);
+  run_and_compare(ddp, *reference, opt, steps, micro_batches);
 }
 
 struct Case {
@@ -273,18 +279,7 @@ TEST(DdpMultiRank, Ddp2DataParallelInsideEachRankMatchesTheReference) {
   auto dp = std::make_shared<DataParallel>(inner, std::vector<Device>{Device::cpu(), Device::cpu()});
   auto reference = make_mlp(37);
   DistributedDataParallel ddp(dp, g_world, DdpOptions{.bucket_cap_bytes = 2048, .first_bucket_bytes = 512});
-  nn::SGD opt(dp->parameters(), {.lr = 0.1}), opt_ref(reference->parameters(), {.lr = 0.1});
-  for (int step = 0; step < 3; ++step) {
-    opt.zero_grad();
-    opt_ref.zero_grad();
-    Batch global = global_batch(step);
-    Batch local = rank_slice(global);
-    autograd::backward(ag::cross_entropy(ddp(local.x), local.y));
-    autograd::backward(ag::cross_entropy(reference->forward(global.x), global.y));
-    opt.step();
-    opt_ref.step();
-  }
-  expect_same_parameters(*inner, *reference);
+  run_and_compare(ddp, *reference, Opt::kSgd, /*steps=*/3);
 }
 
 TEST(DdpMultiRank, HierarchicalAllreduceHookMatchesTheFlatAverage) {
@@ -302,18 +297,7 @@ TEST(DdpMultiRank, HierarchicalAllreduceHookMatchesTheFlatAverage) {
   auto reference = make_mlp(41);
   DistributedDataParallel ddp(model, g_world, DdpOptions{.bucket_cap_bytes = 2048, .first_bucket_bytes = 512});
   ddp.register_comm_hook(hierarchical.hook());
-  nn::SGD opt(model->parameters(), {.lr = 0.1}), opt_ref(reference->parameters(), {.lr = 0.1});
-  for (int step = 0; step < 3; ++step) {
-    opt.zero_grad();
-    opt_ref.zero_grad();
-    Batch global = global_batch(step);
-    Batch local = rank_slice(global);
-    autograd::backward(ag::cross_entropy(ddp(local.x), local.y));
-    autograd::backward(ag::cross_entropy(reference->forward(global.x), global.y));
-    opt.step();
-    opt_ref.step();
-  }
-  expect_same_parameters(*model, *reference);
+  run_and_compare(ddp, *reference, Opt::kSgd, /*steps=*/3);
 }
 
 TEST(DdpMultiRank, MismatchedModelsAreNamedAtConstruction) {
