@@ -122,7 +122,9 @@ int main(int argc, char** argv) {
     trainer::Trainer trainer(options);
     trainer::FitResult r = trainer.fit(module, train, test);
     const auto& v = r.last_validation;
-    if (r.stopped_early) {
+    if (r.rank != 0) {
+      // rank 0 reports for the job
+    } else if (r.stopped_early) {
       std::printf("stopped at step %lld for a signal%s\n", (long long)r.global_step, r.requeued ? "; job requeued" : "");
     } else if (v.count("val_count") && v.at("val_count") > 0) {
       std::printf("final test accuracy %.2f%% (%g/%g), test loss %.4f, %lld steps\n",

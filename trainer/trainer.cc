@@ -103,6 +103,7 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
   const int rank = group ? group->rank() : 0;
   const int world = group ? group->size() : 1;
   const bool global_zero = rank == 0;
+  result.rank = rank;
 
   // ---- 2. device and wrapping
   Device device = Device::cpu();

@@ -101,6 +101,7 @@ struct FitResult {
   int64_t skipped_steps = 0;          // steps the loss scaler skipped (inf/NaN)
   std::map<std::string, double> last_validation;  // summed over the validation set
   std::string resumed_from;           // checkpoint stem, empty when fresh
+  int rank = 0;                       // this process's rank (print results on rank 0 only)
 };
 
 class Trainer {

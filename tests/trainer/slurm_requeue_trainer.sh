@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The Trainer on the local SLURM cluster (issue 6's proof): a 2-node x 1-task sbatch job
+# of the digits demo with a 1-minute walltime and --signal=USR1@55 gets signalled,
+# checkpoints, requeues itself, resumes and finishes; its per-step loss sequence must
+# equal an uninterrupted run's step for step (CPU, f32), and it must reach the same
+# accuracy as the same training under ringrun.
+#   slurm_requeue_trainer.sh <ringrun> <digits_ddp>
+set -euo pipefail
+RINGRUN=$1 DEMO=$2
+WORK="$(mktemp -d /tmp/ringtrain-trainer-requeue.XXXXXX)"
+trap 'if [[ -n "${JOB:-}" ]]; then scancel "$JOB" 2>/dev/null || true; fi' EXIT
+# ~40 s of training: longer than SLURM's 30 s time-limit check, so the signal lands mid-run.
+ARGS=(--no-progress --epochs 2000 --batch-size 16 --keep-last 2)
+fail() { echo "FAIL: $*"; exit 1; }
+
+"$RINGRUN" --nproc-per-node 2 --master-port 29731 "$DEMO" "${ARGS[@]}" --step-log "$WORK/straight.csv" \
+  > "$WORK/straight.out"
+grep "final test accuracy" "$WORK/straight.out" || fail "the uninterrupted run did not finish"
+
+cat >"$WORK/job.sbatch" <<SBATCH
+#!/bin/bash
+#SBATCH --job-name=rt-trainer-requeue
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --time=1
+#SBATCH --signal=USR1@55
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --output=$WORK/job.out
+echo "batch start \$(date +%s) restart \${SLURM_RESTART_COUNT:-0}"
+srun "$DEMO" ${ARGS[*]} --num-nodes 2 --checkpoint-dir "$WORK/ckpt" --step-log "$WORK/job.csv"
+SBATCH
+t0=$(date +%s)
+JOB="$(sbatch --parsable "$WORK/job.sbatch")"
+echo "submitted job $JOB (work dir $WORK)"
+deadline=$((t0 + ${RINGTRAIN_REQUEUE_TEST_TIMEOUT:-400}))
+state=""
+while (( $(date +%s) < deadline )); do
+  state="$(scontrol show job "$JOB" -o 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2 || true)"
+  [[ "$state" == COMPLETED || "$state" == FAILED || "$state" == CANCELLED || "$state" == TIMEOUT ]] && break
+  sleep 2
+done
+echo "---- job.out ----"; cat "$WORK/job.out" || true; echo "-----------------"
+echo "final state: $state after $(( $(date +%s) - t0 )) s"
+[[ "$state" == COMPLETED ]] || fail "job $JOB ended '$state' (expected COMPLETED)"
+grep -q "requeued job $JOB" "$WORK/job.out" || fail "rank 0 never ran scontrol requeue"
+grep -q "restart 1" "$WORK/job.out" || fail "the job did not come back with SLURM_RESTART_COUNT=1"
+grep -q "resumed from" "$WORK/job.out" || fail "the requeued job did not resume from a checkpoint"
+cmp "$WORK/straight.csv" "$WORK/job.csv" || fail "the loss sequence differs from the uninterrupted run"
+a="$(grep -o 'final test accuracy [0-9.]*%' "$WORK/straight.out")"
+b="$(grep -o 'final test accuracy [0-9.]*%' "$WORK/job.out" | tail -1)"
+[[ "$a" == "$b" ]] || fail "accuracy differs: ringrun '$a', sbatch '$b'"
+echo "PASS: requeued $(grep -c 'requeued job' "$WORK/job.out") time(s); $(wc -l < "$WORK/job.csv") steps identical to the uninterrupted run; $b"
+JOB=""
+rm -rf "$WORK"
