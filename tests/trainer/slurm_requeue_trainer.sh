@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Trainer on the local SLURM cluster (issue 6's proof): a 2-node x 1-task sbatch job
-# of the digits demo with a 1-minute walltime and --signal=USR1@55 gets signalled,
+# of the digits demo with a 2-minute walltime and --signal=USR1@110 gets signalled,
 # checkpoints, requeues itself, resumes and finishes; its per-step loss sequence must
 # equal an uninterrupted run's step for step (CPU, f32), and it must reach the same
 # accuracy as the same training under ringrun.
@@ -9,8 +9,10 @@ set -euo pipefail
 RINGRUN=$1 DEMO=$2
 WORK="$(mktemp -d /tmp/ringtrain-trainer-requeue.XXXXXX)"
 trap 'if [[ -n "${JOB:-}" ]]; then scancel "$JOB" 2>/dev/null || true; fi' EXIT
-# ~40 s of training: longer than SLURM's 30 s time-limit check, so the signal lands mid-run.
-ARGS=(--no-progress --epochs 2000 --batch-size 16 --keep-last 2)
+# ~55 s of training: SLURM sends the signal at its first time-limit check (every 30 s) where
+# the time left is within lead + 30 s, i.e. at the first check of every run here; 55 s
+# leaves room for a late check. The 2-minute limit keeps a late check from killing the job.
+ARGS=(--no-progress --epochs 3000 --batch-size 16 --keep-last 2)
 fail() { echo "FAIL: $*"; exit 1; }
 
 "$RINGRUN" --nproc-per-node 2 --master-port 29731 "$DEMO" "${ARGS[@]}" --step-log "$WORK/straight.csv" \
@@ -22,8 +24,8 @@ cat >"$WORK/job.sbatch" <<SBATCH
 #SBATCH --job-name=rt-trainer-requeue
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=1
-#SBATCH --time=1
-#SBATCH --signal=USR1@55
+#SBATCH --time=2
+#SBATCH --signal=USR1@110
 #SBATCH --requeue
 #SBATCH --open-mode=append
 #SBATCH --output=$WORK/job.out
