@@ -354,6 +354,11 @@ void Reducer::finalize_backward() {
   Clock::time_point end = Clock::now();
   stats_.backward_ms = ms_between(backward_start_, end);
   stats_.backward_compute_ms = ms_between(backward_start_, last_hook_time_);
+  stats_.comm_ms = stats_.overlapped_ms = 0;
+  for (const BucketTiming& t : timings_) {
+    stats_.comm_ms += t.done_ms - t.launch_ms;
+    stats_.overlapped_ms += std::max(0.0, std::min(t.done_ms, stats_.backward_compute_ms) - t.launch_ms);
+  }
   stats_.buckets = buckets_.size();
   stats_.bytes_reduced = bytes;
 }

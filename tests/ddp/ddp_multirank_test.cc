@@ -171,6 +171,13 @@ TEST(DdpMultiRank, BucketsAreRebuiltFromTheRealGradientOrderAfterStepOne) {
   Batch b = rank_slice(global_batch(0));
   autograd::backward(ag::cross_entropy(ddp(b.x), b.y));
   EXPECT_TRUE(ddp.reducer().buckets_rebuilt());
+  const StepStats& stats = ddp.last_stats();
+  EXPECT_EQ(stats.buckets, model->parameters().size());
+  EXPECT_GT(stats.backward_ms, 0.0);
+  EXPECT_GE(stats.backward_ms, stats.backward_compute_ms);
+  EXPECT_GE(stats.comm_ms, stats.overlapped_ms);
+  EXPECT_EQ(ddp.reducer().last_bucket_timings().size(), stats.buckets);
+  EXPECT_EQ(ddp.reducer().last_grad_ready_times().size(), model->parameters().size());
   // Backward makes the last layer's gradients first: bucket 0 holds the output layer.
   auto assignment = ddp.reducer().bucket_assignment();
   size_t n = model->parameters().size();
