@@ -8,9 +8,13 @@
 //          already written are rolled back from snapshots taken before apply.
 #include "nn/checkpoint.h"
 
+#include <signal.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <charconv>
 #include <cstdio>
 #include <filesystem>
@@ -433,6 +437,14 @@ void CheckpointManager::prune() const {
     int64_t step = parse_step(name, prefix_, ".safetensors");
     if (step >= 0 && step < oldest_kept && !fs::exists(entry.path().parent_path() / (name.substr(0, name.size() - 12) + ".json"))) {
       fs::remove(entry.path(), ec);
+    }
+    // Temporary files of atomic writes whose writer died (".<file>.tmp.<pid>", see
+    // write_file_atomically): the process is gone, so nobody will ever rename them.
+    const std::string tmp_tag = ".tmp.";
+    size_t tag = name.rfind(tmp_tag);
+    if (name.rfind("." + prefix_ + "-", 0) == 0 && tag != std::string::npos) {
+      pid_t writer = static_cast<pid_t>(std::atol(name.c_str() + tag + tmp_tag.size()));
+      if (writer > 0 && writer != ::getpid() && ::kill(writer, 0) != 0 && errno == ESRCH) fs::remove(entry.path(), ec);
     }
   }
 }
