@@ -59,8 +59,11 @@ std::unique_ptr<Transport> make_tcp_transport(const Socket& socket);
 // slots per local sender. See shm_transport.cc.
 class ShmSegment;
 struct ShmLayout {
-  size_t slot_bytes = 64 << 10;   // multiple of 64; RINGTRAIN_SHM_SLOT_BYTES (64 KiB measured best, docs/collective-benchmark.md)
-  int slots = 16;                 // RINGTRAIN_SHM_SLOTS
+  // 512 KiB x 8 (4 MiB per channel): on an idle 2-core EPYC, 1.6-2.7x the busbw of
+  // 64 KiB x 16 from 1 to 64 MiB; slots of 256 KiB and below fall to about a third
+  // of the single-copy rate (per-slot hand-off dominates). docs/collective-benchmark.md.
+  size_t slot_bytes = 512 << 10;  // multiple of 64; RINGTRAIN_SHM_SLOT_BYTES
+  int slots = 8;                  // RINGTRAIN_SHM_SLOTS
   int channels = 1;               // local ranks (one channel per local sender)
   size_t channel_bytes() const;
   size_t segment_bytes() const { return channel_bytes() * channels; }
