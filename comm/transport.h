@@ -60,8 +60,8 @@ std::unique_ptr<Transport> make_tcp_transport(const Socket& socket);
 class ShmSegment;
 struct ShmLayout {
   // 512 KiB x 8 (4 MiB per channel): on an idle 2-core EPYC, 1.6-2.2x the busbw of
-  // 64 KiB x 16 from 1 to 64 MiB; slots of 256 KiB and below fall to about a third
-  // of the single-copy rate (per-slot hand-off dominates). docs/collective-benchmark.md.
+  // 64 KiB x 16 from 1 to 64 MiB; slots of 384 KiB and below stay at 3-4 GB/s (cause
+  // not understood yet). docs/collective-benchmark.md.
   size_t slot_bytes = 512 << 10;  // multiple of 64; RINGTRAIN_SHM_SLOT_BYTES
   int slots = 8;                  // RINGTRAIN_SHM_SLOTS
   int channels = 1;               // local ranks (one channel per local sender)
