@@ -9,10 +9,6 @@
 namespace ringtrain::ddp {
 
 namespace {
-comm::BufferRef buffer_of(const Tensor& t) {
-  return comm::BufferRef{t.data_ptr(), static_cast<size_t>(t.numel()), t.dtype(), t.device()};
-}
-
 constexpr size_t kMaxDims = 8;
 constexpr size_t kSignatureWords = 2 + kMaxDims;  // dtype, rank, dims
 
@@ -101,7 +97,6 @@ void DistributedDataParallel::broadcast_state(bool parameters, bool buffers) {
   autograd::NoGradGuard no_grad;
   std::vector<comm::Work> works;
   auto send = [&](Tensor t) {
-    RT_CHECK(t.is_contiguous(), "DistributedDataParallel: cannot broadcast non-contiguous ", t.describe());
     if (t.numel() > 0) works.push_back(group_->broadcast(buffer_of(t), 0));
   };
   if (parameters)

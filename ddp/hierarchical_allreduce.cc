@@ -69,7 +69,7 @@ void HierarchicalAllreduce::worker_loop() {
 CommHook HierarchicalAllreduce::hook() {
   return [this](comm::ProcessGroup& group, Bucket& bucket) -> CommHookResult {
     Tensor flat = bucket.flat;
-    comm::Work work = allreduce_sum({flat.data_ptr(), static_cast<size_t>(flat.numel()), flat.dtype(), flat.device()});
+    comm::Work work = allreduce_sum(buffer_of(flat));
     const double world = static_cast<double>(world_->size());
     return {work, [flat, world]() mutable { div_(flat, world); }};
   };

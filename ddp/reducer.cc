@@ -16,10 +16,6 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
-comm::BufferRef buffer_of(const Tensor& t) {
-  return comm::BufferRef{t.data_ptr(), static_cast<size_t>(t.numel()), t.dtype(), t.device()};
-}
-
 CommHookResult compress_hook(comm::ProcessGroup& group, Bucket& bucket, DType wire_dtype) {
   // Divide first so the half-precision sum cannot overflow where the average would not.
   Tensor compressed = div(bucket.flat, static_cast<double>(group.size())).to(wire_dtype);
@@ -28,6 +24,12 @@ CommHookResult compress_hook(comm::ProcessGroup& group, Bucket& bucket, DType wi
   return {work, [flat, compressed]() mutable { flat.copy_(compressed); }};
 }
 }  // namespace
+
+comm::BufferRef buffer_of(const Tensor& t) {
+  RT_CHECK(t.is_contiguous(), "buffer_of: collectives need contiguous memory, got ", t.describe(),
+           " with strides ", shape_str(t.strides()));
+  return comm::BufferRef{t.data_ptr(), static_cast<size_t>(t.numel()), t.dtype(), t.device()};
+}
 
 CommHookResult allreduce_average_hook(comm::ProcessGroup& group, Bucket& bucket) {
   return {group.allreduce(buffer_of(bucket.flat), comm::ReduceOp::kAvg), nullptr};

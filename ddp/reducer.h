@@ -176,6 +176,10 @@ class Reducer {
   std::vector<std::pair<size_t, double>> grad_ready_ms_;  // this step's hook times
 };
 
+// The raw buffer a collective sees for a (contiguous) tensor: where the Tensor world
+// meets comm's DType/Device/pointer world.
+comm::BufferRef buffer_of(const Tensor& t);
+
 // The default hook: in-place allreduce with ReduceOp::kAvg.
 CommHookResult allreduce_average_hook(comm::ProcessGroup& group, Bucket& bucket);
 // Compression hooks: divide by the world size, cast to fp16/bf16, allreduce(sum)
