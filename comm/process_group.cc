@@ -119,79 +119,42 @@ std::string ProcessGroup::describe_collective(const Collective& c, const char* b
 
 // ---------------------------------------------------------------- issuing
 
+// Each call only describes the collective (fields in Collective's declaration order) and
+// queues it; enqueue() checks the arguments and hands it to the comm thread.
 Work ProcessGroup::allreduce(BufferRef buffer, ReduceOp op) {
-  Collective c;
-  c.op = CollectiveOp::kAllreduce;
-  c.input = buffer;
-  c.reduce_op = op;
-  return enqueue(c);
+  return enqueue({.op = CollectiveOp::kAllreduce, .input = buffer, .reduce_op = op});
 }
 
 Work ProcessGroup::broadcast(BufferRef buffer, int root) {
-  Collective c;
-  c.op = CollectiveOp::kBroadcast;
-  c.input = buffer;
-  c.peer = root;
-  return enqueue(c);
+  return enqueue({.op = CollectiveOp::kBroadcast, .input = buffer, .peer = root});
 }
 
 Work ProcessGroup::reduce(BufferRef buffer, int root, ReduceOp op) {
-  Collective c;
-  c.op = CollectiveOp::kReduce;
-  c.input = buffer;
-  c.peer = root;
-  c.reduce_op = op;
-  return enqueue(c);
+  return enqueue({.op = CollectiveOp::kReduce, .input = buffer, .reduce_op = op, .peer = root});
 }
 
 Work ProcessGroup::allgather(BufferRef input, BufferRef output) {
-  Collective c;
-  c.op = CollectiveOp::kAllgather;
-  c.input = input;
-  c.output = output;
-  return enqueue(c);
+  return enqueue({.op = CollectiveOp::kAllgather, .input = input, .output = output});
 }
 
 Work ProcessGroup::reduce_scatter(BufferRef input, BufferRef output, ReduceOp op) {
-  Collective c;
-  c.op = CollectiveOp::kReduceScatter;
-  c.input = input;
-  c.output = output;
-  c.reduce_op = op;
-  return enqueue(c);
+  return enqueue({.op = CollectiveOp::kReduceScatter, .input = input, .output = output, .reduce_op = op});
 }
 
 Work ProcessGroup::all_to_all(BufferRef input, BufferRef output) {
-  Collective c;
-  c.op = CollectiveOp::kAllToAll;
-  c.input = input;
-  c.output = output;
-  return enqueue(c);
+  return enqueue({.op = CollectiveOp::kAllToAll, .input = input, .output = output});
 }
 
 Work ProcessGroup::barrier() {
-  Collective c;
-  c.op = CollectiveOp::kBarrier;
-  c.input.dtype = DType::kInt32;
-  return enqueue(c);
+  return enqueue({.op = CollectiveOp::kBarrier, .input = {.dtype = DType::kInt32}});
 }
 
 Work ProcessGroup::send(BufferRef buffer, int dst, int tag) {
-  Collective c;
-  c.op = CollectiveOp::kSend;
-  c.input = buffer;
-  c.peer = dst;
-  c.tag = tag;
-  return enqueue(c);
+  return enqueue({.op = CollectiveOp::kSend, .input = buffer, .peer = dst, .tag = tag});
 }
 
 Work ProcessGroup::recv(BufferRef buffer, int src, int tag) {
-  Collective c;
-  c.op = CollectiveOp::kRecv;
-  c.input = buffer;
-  c.peer = src;
-  c.tag = tag;
-  return enqueue(c);
+  return enqueue({.op = CollectiveOp::kRecv, .input = buffer, .peer = src, .tag = tag});
 }
 
 Work ProcessGroup::enqueue(Collective c) {
