@@ -14,6 +14,7 @@
 #include <immintrin.h>
 #endif
 
+#include "comm/reduce.h"
 #include "comm/transport.h"
 
 namespace ringtrain::comm {
@@ -188,7 +189,7 @@ void PeerMesh::lost(int peer, const char* what) const {
 void PeerMesh::recv(int peer, void* dst, size_t nbytes, Deadline deadline) {
   char* out = static_cast<char*>(dst);
   exchange(-1, nullptr, 0, peer, nbytes,
-           [out](const void* piece, size_t offset, size_t n) { std::memcpy(out + offset, piece, n); },
+           [out](const void* piece, size_t offset, size_t n) { copy_bytes(out + offset, piece, n); },
            deadline);
 }
 

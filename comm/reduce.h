@@ -1,7 +1,8 @@
 // reduce.h: the element-wise reductions the host-side collectives apply.
 //
 // defines: reduce_into (dst[i] = dst[i] (op) src[i]), reduce_into3 (dst = a op b),
-//          scale_for_average (x / n after a sum, for ReduceOp::kAvg).
+//          scale_for_average (x / n after a sum, for ReduceOp::kAvg),
+//          copy_bytes (memcpy for the shared-memory paths; see below).
 //
 // Half and BFloat16 are computed in float and rounded once per combine, like
 // NCCL's and PyTorch's CPU kernels. kAvg reduces as kSum; the collective divides
@@ -19,5 +20,14 @@ namespace ringtrain::comm {
 void reduce_into(void* dst, const void* src, size_t count, DType dtype, ReduceOp op);
 void reduce_into3(void* dst, const void* a, const void* b, size_t count, DType dtype, ReduceOp op);
 void scale_for_average(void* data, size_t count, DType dtype, int world_size);
+
+// memcpy(dst, src, n) with a plain vector loop (32-byte AVX loads/stores where the
+// build has AVX2). Why not memcpy: glibc 2.36 copies anything above 2 KiB with
+// `rep movsb` on CPUs with fast short rep-mov (FSRM), and on this project's AMD EPYC
+// VM that instruction runs at 3 GB/s when the source lines were just written by
+// another core, which is every copy out of a shared-memory slot. Measured in a
+// two-process prototype: a 64 KiB copy of the peer's freshly written data took 22 us
+// with memcpy and 2.4 us with this loop (docs/collective-benchmark.md).
+void copy_bytes(void* dst, const void* src, size_t n);
 
 }  // namespace ringtrain::comm

@@ -92,7 +92,7 @@ void ring_allgather_blocks(RingArgs& args, char* data, const ChunkLayout& layout
         next, data + layout.offset(send_chunk), layout.bytes(send_chunk), prev,
         layout.bytes(recv_chunk),
         [into](const void* piece, size_t offset, size_t nbytes) {
-          std::memcpy(into + offset, piece, nbytes);
+          copy_bytes(into + offset, piece, nbytes);
         },
         args.deadline);
   }
@@ -129,7 +129,7 @@ void recursive_doubling_allreduce(RingArgs& args, void* data, size_t count) {
   if (args.scratch.size() < bytes) args.scratch.resize(bytes);
   char* incoming = args.scratch.data();
   auto copy_in = [incoming](const void* piece, size_t offset, size_t nbytes) {
-    std::memcpy(incoming + offset, piece, nbytes);
+    copy_bytes(incoming + offset, piece, nbytes);
   };
   int pow2 = 1;
   while (pow2 * 2 <= n) pow2 *= 2;

@@ -51,7 +51,7 @@ void ring_broadcast(RingArgs& args, void* data, size_t nbytes, int root) {
     args.mesh.exchange(
         forward ? next : -1, forward ? in - kBroadcastSegmentBytes : nullptr,
         forward ? segment_bytes(k - 1) : 0, receive ? prev : -1, receive ? segment_bytes(k) : 0,
-        [in](const void* piece, size_t offset, size_t len) { std::memcpy(in + offset, piece, len); },
+        [in](const void* piece, size_t offset, size_t len) { copy_bytes(in + offset, piece, len); },
         args.deadline);
   }
 }
@@ -125,7 +125,7 @@ void pairwise_all_to_all(RingArgs& args, const void* input, void* output, size_t
     char* into = out + from * block;
     args.mesh.exchange(
         to, in + to * block, block, from, block,
-        [into](const void* piece, size_t offset, size_t len) { std::memcpy(into + offset, piece, len); },
+        [into](const void* piece, size_t offset, size_t len) { copy_bytes(into + offset, piece, len); },
         args.deadline);
   }
 }

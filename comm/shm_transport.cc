@@ -31,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "comm/reduce.h"
 #include "comm/transport.h"
 
 namespace ringtrain::comm {
@@ -156,7 +157,7 @@ class ShmTransport final : public Transport {
     while (sent < nbytes && head - tail < slots) {
       size_t n = std::min(layout_.slot_bytes, nbytes - sent);
       uint64_t slot = head % slots;
-      std::memcpy(out_slots_ + slot * layout_.slot_bytes, static_cast<const char*>(data) + sent, n);
+      copy_bytes(out_slots_ + slot * layout_.slot_bytes, static_cast<const char*>(data) + sent, n);
       slot_lengths(out_)[slot] = n;
       out_->head.store(++head, std::memory_order_release);
       sent += n;
