@@ -13,6 +13,11 @@
 // repetition (inputs are small integers, so every sum is exact). A run with any
 // #wrong exits 1: a benchmark that times wrong results is worthless.
 //
+// --buffers symmetric puts the buffer (the one both ours and MPI_Allreduce run on)
+// in memory from ProcessGroup::allocate_symmetric, so the ring backend reduces it
+// in place by direct loads and stores (comm/direct_allreduce.cc) - the way DDP's
+// buckets are allocated. MPI sees ordinary memory either way.
+//
 // Each repetition restores the input from a pristine copy (untimed) because the
 // allreduce is in place, then a barrier lines the ranks up, then the timed call.
 #include <mpi.h>
@@ -29,6 +34,7 @@
 
 #include "comm/init.h"
 #include "comm/mpi_runtime.h"
+#include "comm/symmetric_memory.h"
 
 using namespace ringtrain;
 using namespace ringtrain::comm;
@@ -74,6 +80,11 @@ int main(int argc, char** argv) {
   app.add_option("--iters", iters, "timed repetitions per size (fewer above 16 MiB, at least 5)")
       ->capture_default_str();
   app.add_flag("!--no-mpi", mpi_reference, "skip the MPI_Allreduce reference");
+  std::string buffers = "private";
+  app.add_option("--buffers", buffers,
+                 "private (ordinary memory) or symmetric (ProcessGroup::allocate_symmetric)")
+      ->check(CLI::IsMember({"private", "symmetric"}))
+      ->capture_default_str();
   app.add_option("--json", json_path, "also write the rows as JSON (for the plot)");
   CLI11_PARSE(app, argc, argv);
   auto parse_size = [](std::string text) {
@@ -120,8 +131,8 @@ int main(int argc, char** argv) {
   }
 
   if (rank == 0) {
-    std::printf("# comm_sweep: allreduce, %d ranks, backend %s, init %s, warmup %d, iters %d (median)\n",
-                n, backend.c_str(), launch_info().method.c_str(), warmup, iters);
+    std::printf("# comm_sweep: allreduce, %d ranks, backend %s, init %s, %s buffers, warmup %d, iters %d (median)\n",
+                n, backend.c_str(), launch_info().method.c_str(), buffers.c_str(), warmup, iters);
     std::printf("# memcpy bandwidth (rank 0, 64 MiB, same run): %.2f GB/s\n", memcpy_gbps);
     std::printf("#\n# %10s %12s %8s %6s | %10s %8s %8s %7s |%s\n", "size", "count", "type", "redop",
                 "time", "algbw", "busbw", "#wrong",
@@ -132,8 +143,24 @@ int main(int argc, char** argv) {
 
   nlohmann::json rows = nlohmann::json::array();
   int64_t total_wrong = 0;
-  std::vector<float> data(max_bytes / sizeof(float) + 1), pristine(data.size());
-  for (size_t i = 0; i < data.size(); ++i) pristine[i] = input_value(rank, i);
+  const size_t capacity = max_bytes / sizeof(float) + 1;
+  std::vector<float> pristine(capacity), private_data;
+  for (size_t i = 0; i < capacity; ++i) pristine[i] = input_value(rank, i);
+  std::shared_ptr<SymmetricBuffer> symmetric;
+  float* data = nullptr;  // what ours and MPI_Allreduce reduce in place
+  if (buffers == "symmetric") {
+    symmetric = pg->allocate_symmetric(capacity * sizeof(float));
+    if (!symmetric) {
+      if (rank == 0) std::fprintf(stderr, "comm_sweep: backend %s cannot allocate symmetric memory "
+                                          "(ring backend, all ranks on one host); use --buffers private\n",
+                                  backend.c_str());
+      return 2;
+    }
+    data = static_cast<float*>(symmetric->data());
+  } else {
+    private_data.resize(capacity);
+    data = private_data.data();
+  }
 
   for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
     const size_t count = bytes / sizeof(float);
@@ -142,7 +169,7 @@ int main(int argc, char** argv) {
       std::vector<double> times;
       int64_t wrong = 0;
       for (int rep = 0; rep < warmup + reps; ++rep) {
-        std::memcpy(data.data(), pristine.data(), count * sizeof(float));
+        std::memcpy(data, pristine.data(), count * sizeof(float));
         barrier();
         auto t0 = std::chrono::steady_clock::now();
         allreduce();
@@ -164,14 +191,14 @@ int main(int argc, char** argv) {
       return result;
     };
     Result ours = measure(
-        [&] { pg->allreduce({data.data(), count, DType::kFloat32}, ReduceOp::kSum).wait(); },
+        [&] { pg->allreduce({data, count, DType::kFloat32}, ReduceOp::kSum).wait(); },
         [&] { pg->barrier().wait(); });
     Result mpi;
     if (mpi_reference) {
       mpi = measure(
           [&] {
             std::lock_guard<std::mutex> lock(mpi_call_mutex());
-            MPI_Allreduce(MPI_IN_PLACE, data.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
           },
           [&] {
             std::lock_guard<std::mutex> lock(mpi_call_mutex());
@@ -228,9 +255,10 @@ int main(int argc, char** argv) {
     std::printf("# total #wrong: %lld\n", static_cast<long long>(total_wrong));
     if (!json_path.empty()) {
       std::ofstream out(json_path);
-      out << nlohmann::json{{"ranks", n}, {"backend", backend}, {"memcpy_gbps", memcpy_gbps}, {"rows", rows}}.dump(1);
+      out << nlohmann::json{{"ranks", n}, {"backend", backend}, {"buffers", buffers}, {"memcpy_gbps", memcpy_gbps}, {"rows", rows}}.dump(1);
     }
   }
+  symmetric.reset();
   pg.reset();
   return total_wrong == 0 ? 0 : 1;
 }

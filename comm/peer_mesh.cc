@@ -133,8 +133,9 @@ PeerMesh::PeerMesh(Store& store, const std::string& prefix, int rank, int size,
   std::vector<std::shared_ptr<ShmSegment>> segment_of(size);
   if (use_shm) {
     ShmLayout layout = ShmLayout::from_env(static_cast<int>(local.size()));
-    std::string name = detail::concat("/ringtrain-", hex(fnv1a(token + "|" + prefix)), "-r", rank,
+    shm_name_prefix_ = detail::concat("/ringtrain-", hex(fnv1a(token + "|" + prefix)), "-r", rank,
                                       "-p", getpid());
+    const std::string& name = shm_name_prefix_;
     segment_of[rank] = create_shm_segment(name, layout);
     store.set(prefix + "/shm/" + std::to_string(rank), name);
     try {
@@ -157,6 +158,7 @@ PeerMesh::PeerMesh(Store& store, const std::string& prefix, int rank, int size,
       if (r == rank) continue;
       peers_[r].transport = make_shm_transport(segment_of[rank], local_index[r], segment_of[r],
                                                local_index[rank], layout);
+      ++shm_peers_;
     }
     for (auto& segment : segment_of) {
       if (segment) segments_.push_back(segment);
@@ -275,6 +277,32 @@ int PeerMesh::wait_for_progress(int send_peer, int recv_peer, uint64_t idle_roun
     }
   }
   return -1;
+}
+
+void PeerMesh::wait_until(const std::function<bool()>& ready, Deadline deadline,
+                          const char* what) {
+  for (uint64_t idle_rounds = 1; !ready(); ++idle_rounds) {
+    if (closed_) throw CommError("the process group was shut down after a failure");
+    if (idle_rounds < 256) {
+      cpu_relax();
+      continue;
+    }
+    if (idle_rounds < 4096) {
+      sched_yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    if (idle_rounds % 64 != 0) continue;
+    if (Clock::now() >= deadline) {
+      throw CommTimeoutError(detail::concat("no progress before the deadline while waiting for ",
+                                            what));
+    }
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_ || !peers_[peer].socket.peer_closed()) continue;
+      if (ready()) return;  // it finished its part before it went away
+      lost(peer, "process exited or was killed");
+    }
+  }
 }
 
 }  // namespace ringtrain::comm

@@ -223,6 +223,7 @@ Work ProcessGroup::enqueue(Collective c) {
     return work;
   }
   queue_.push_back(std::move(pending));
+  queued_.fetch_add(1, std::memory_order_release);
   queue_changed_.notify_all();
   return work;
 }
@@ -232,12 +233,19 @@ Work ProcessGroup::enqueue(Collective c) {
 void ProcessGroup::worker_loop() {
   while (true) {
     Pending pending;
+    // Spin briefly before sleeping: the next bucket is often issued within
+    // microseconds, and a futex wake-up costs more than that (see work.cc).
+    for (auto until = Clock::now() + kSpinBeforeBlocking;
+         queued_.load(std::memory_order_acquire) == 0 && Clock::now() < until;) {
+      std::this_thread::yield();
+    }
     {
       std::unique_lock<std::mutex> lock(queue_mutex_);
       queue_changed_.wait(lock, [&] { return (stopping_ && !busy_) || (!queue_.empty() && !busy_); });
       if (queue_.empty()) return;  // stopping, and everything queued has run
       pending = std::move(queue_.front());
       queue_.pop_front();
+      queued_.fetch_sub(1, std::memory_order_release);
       busy_ = true;
     }
     execute(pending);

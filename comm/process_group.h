@@ -2,7 +2,7 @@
 //
 // defines: ProcessGroupOptions, GroupContext (what a backend is built from),
 //          ProcessGroup (the abstract group: async collectives returning Work,
-//          split into sub-groups, abort).
+//          split into sub-groups, symmetric memory, abort).
 //
 // Where it sits in the data flow: DDP's Reducer calls allreduce() on a bucket
 // when the bucket is full and it is its turn; the call only queues the
@@ -40,6 +40,8 @@
 #include "comm/work.h"
 
 namespace ringtrain::comm {
+
+class SymmetricBuffer;
 
 struct ProcessGroupOptions {
   // Per-collective timeout, counted from when the collective starts running.
@@ -110,6 +112,13 @@ class ProcessGroup {
   // ordered by (key, old rank). color < 0: this rank joins no group (nullptr).
   std::shared_ptr<ProcessGroup> split(int color, int key);
 
+  // Collective (every rank calls it, with the same size): memory every rank of the
+  // group has mapped (symmetric_memory.h). An allreduce whose buffer lies inside it
+  // runs by direct loads and stores, with no copies through a transport. nullptr
+  // when this group cannot share memory (mpi and nccl backends, ranks on several
+  // hosts, RINGTRAIN_TRANSPORT=tcp): callers fall back to ordinary memory.
+  virtual std::shared_ptr<SymmetricBuffer> allocate_symmetric(size_t bytes) { return nullptr; }
+
   // Fails this group on purpose (e.g. the caller caught an exception it cannot
   // recover from): publishes `reason` so the peers fail with it, not a timeout.
   void abort(const std::string& reason);
@@ -175,6 +184,7 @@ class ProcessGroup {
   std::mutex queue_mutex_;
   std::condition_variable queue_changed_;
   std::deque<Pending> queue_;
+  std::atomic<size_t> queued_{0};   // queue_.size(), for the comm thread's spin
   bool stopping_ = false;
   bool busy_ = false;                // a collective is executing (comm thread or inline)
   std::thread worker_;

@@ -4,6 +4,7 @@
 // defines: ChunkLayout, RingArgs, and one function per algorithm:
 //   ring_allreduce              reduce-scatter + allgather around the ring (bandwidth path)
 //   recursive_doubling_allreduce  log2(n) pairwise exchanges (latency path)
+//   direct_allreduce            reduce-scatter + allgather by loads/stores on symmetric memory
 //   ring_reduce_scatter_blocks  the reduce-scatter half, shared by allreduce,
 //                               reduce_scatter and reduce
 //   ring_allgather_blocks       the allgather half, shared by allreduce and allgather
@@ -58,6 +59,10 @@ struct RingArgs {
 inline int ring_mod(int a, int n) { return ((a % n) + n) % n; }
 
 void ring_allreduce(RingArgs& args, void* data, size_t count);
+class SymmetricBuffer;
+// Allreduce of `count` elements at byte `offset` of a symmetric buffer, by direct
+// loads and stores into every rank's copy (direct_allreduce.cc).
+void direct_allreduce(RingArgs& args, SymmetricBuffer& buffer, size_t offset, size_t count);
 void recursive_doubling_allreduce(RingArgs& args, void* data, size_t count);
 // Below this many bytes allreduce takes the latency path. RINGTRAIN_RING_LATENCY_BYTES.
 size_t ring_latency_threshold_bytes();

@@ -5,9 +5,11 @@
 // ring_algorithms.h. Everything runs on the comm thread of the base class, one
 // collective at a time, each under its deadline.
 #include <cstring>
+#include <mutex>
 
 #include "comm/backends.h"
 #include "comm/ring_algorithms.h"
+#include "comm/symmetric_memory.h"
 #include "comm/transport.h"
 
 namespace ringtrain::comm {
@@ -36,12 +38,25 @@ class RingProcessGroup final : public ProcessGroup {
 
   const char* backend_name() const override { return "ring"; }
 
+  std::shared_ptr<SymmetricBuffer> allocate_symmetric(size_t bytes) override {
+    if (!mesh_.all_shared_memory()) return nullptr;
+    std::string key = detail::concat(context().prefix, "/symmetric/", symmetric_count_++);
+    auto buffer = SymmetricBuffer::allocate(mesh_, store(), key, bytes,
+                                            Clock::now() + options().timeout);
+    std::lock_guard<std::mutex> lock(symmetric_mutex_);
+    std::erase_if(symmetric_, [](const auto& weak) { return weak.expired(); });
+    symmetric_.push_back(buffer);
+    return buffer;
+  }
+
  protected:
   void run(const Collective& c, Deadline deadline) override {
     RingArgs args{mesh_, c.input.dtype, c.reduce_op, deadline, scratch_};
     switch (c.op) {
       case CollectiveOp::kAllreduce:
-        if (c.input.nbytes() < ring_latency_threshold_bytes() ||
+        if (auto [buffer, offset] = find_symmetric(c.input); buffer) {
+          direct_allreduce(args, *buffer, static_cast<size_t>(offset), c.input.count);
+        } else if (c.input.nbytes() < ring_latency_threshold_bytes() ||
             c.input.count < static_cast<size_t>(size())) {
           recursive_doubling_allreduce(args, c.input.data, c.input.count);
         } else {
@@ -98,8 +113,24 @@ class RingProcessGroup final : public ProcessGroup {
   void close_transports() override { mesh_.close(); }
 
  private:
+  // The symmetric buffer holding all of `buffer` (host memory), and the offset in it.
+  std::pair<std::shared_ptr<SymmetricBuffer>, int64_t> find_symmetric(const BufferRef& buffer) {
+    if (!buffer.device.is_cpu()) return {nullptr, -1};
+    std::lock_guard<std::mutex> lock(symmetric_mutex_);
+    for (const auto& weak : symmetric_) {
+      auto symmetric = weak.lock();
+      if (!symmetric) continue;
+      int64_t offset = symmetric->offset_of(buffer.data, buffer.nbytes());
+      if (offset >= 0) return {symmetric, offset};
+    }
+    return {nullptr, -1};
+  }
+
   PeerMesh mesh_;
   std::vector<char> scratch_;  // grows to the largest recursive-doubling / reduce_scatter need
+  uint64_t symmetric_count_ = 0;                         // allocations so far (store keys)
+  std::mutex symmetric_mutex_;                           // guards symmetric_ (caller vs comm thread)
+  std::vector<std::weak_ptr<SymmetricBuffer>> symmetric_;  // live allocations of this group
 };
 
 }  // namespace

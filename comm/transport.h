@@ -59,11 +59,12 @@ std::unique_ptr<Transport> make_tcp_transport(const Socket& socket);
 // slots per local sender. See shm_transport.cc.
 class ShmSegment;
 struct ShmLayout {
-  // 512 KiB x 8 (4 MiB per channel): on an idle 2-core EPYC, 1.6-2.2x the busbw of
-  // 64 KiB x 16 from 1 to 64 MiB; slots of 384 KiB and below stay at 3-4 GB/s (cause
-  // not understood yet). docs/collective-benchmark.md.
-  size_t slot_bytes = 512 << 10;  // multiple of 64; RINGTRAIN_SHM_SLOT_BYTES
-  int slots = 8;                  // RINGTRAIN_SHM_SLOTS
+  // 128 KiB x 16 (2 MiB per channel): on the 2-core EPYC VM, 2 ranks, after the
+  // copies moved from memcpy to copy_bytes (reduce.h), the best of 64 KiB x 32,
+  // 128 KiB x 16, 256 KiB x 8 and 512 KiB x 8 from 512 KiB to 64 MiB
+  // (docs/collective-benchmark.md).
+  size_t slot_bytes = 128 << 10;  // multiple of 64; RINGTRAIN_SHM_SLOT_BYTES
+  int slots = 16;                 // RINGTRAIN_SHM_SLOTS
   int channels = 1;               // local ranks (one channel per local sender)
   size_t channel_bytes() const;
   size_t segment_bytes() const { return channel_bytes() * channels; }
@@ -92,6 +93,7 @@ class PeerMesh {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  int world_rank(int peer) const { return peers_.at(peer).world_rank; }
 
   // Sends send_bytes to send_peer while receiving recv_bytes from recv_peer into
   // sink. A peer of -1 (or 0 bytes) means that half is idle. Throws PeerLostError
@@ -106,6 +108,14 @@ class PeerMesh {
 
   // "shm" or "tcp": what carries the bytes to `peer`.
   const char* transport_kind(int peer) const;
+  // True when every member shares memory with this rank (symmetric memory works).
+  bool all_shared_memory() const { return size_ > 1 && shm_peers_ == size_ - 1; }
+  // A prefix for shared-memory segment names unique to this group and process.
+  const std::string& shm_name_prefix() const { return shm_name_prefix_; }
+  // Blocks until ready() returns true, with exchange()'s waiting policy (spin,
+  // yield, sleep), checking the deadline and that every peer is still alive.
+  // `what` says what is awaited, for the timeout message.
+  void wait_until(const std::function<bool()>& ready, Deadline deadline, const char* what);
   // Shuts every socket and flags the shared-memory loops: every blocked exchange,
   // here and on the peers, fails promptly.
   void close();
@@ -123,6 +133,8 @@ class PeerMesh {
   int size_;
   std::vector<Peer> peers_;  // indexed by group rank; peers_[rank_] unused
   std::vector<std::shared_ptr<ShmSegment>> segments_;  // keeps mappings alive
+  int shm_peers_ = 0;            // peers reached through shared memory
+  std::string shm_name_prefix_;  // "/ringtrain-<group hash>-r<rank>-p<pid>"
   std::atomic<bool> closed_{false};
 };
 

@@ -10,6 +10,7 @@
 // thread surfaces on the thread that asked for the work.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -23,6 +24,9 @@
 namespace ringtrain::comm {
 
 // Shared between the Work handles and the comm thread that runs the collective.
+// How long a waiter (Work::wait, the idle comm thread) spins before it sleeps.
+inline constexpr std::chrono::microseconds kSpinBeforeBlocking{50};
+
 class WorkState {
  public:
   // describe() is called only when a description is needed (an error, a timeout):
@@ -42,6 +46,7 @@ class WorkState {
   mutable std::mutex mutex_;
   mutable std::condition_variable done_;
   bool completed_ = false;
+  std::atomic<bool> completed_flag_{false};  // completed_, readable without the mutex (spin)
   Clock::time_point completed_at_{};  // set with completed_ (for timelines)
   std::exception_ptr error_;  // set when the collective failed
 };

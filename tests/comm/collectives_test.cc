@@ -10,6 +10,7 @@
 // Inputs are small integers (value(rank, i) in [-3, 3]) so sums, products and
 // extrema are exact in every dtype including bf16; averages are compared with a
 // tolerance of the dtype's precision.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -21,6 +22,7 @@
 #include "comm/backends.h"
 #include "comm/cuda_staging.h"
 #include "comm/init.h"
+#include "comm/symmetric_memory.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/storage.h"
 
@@ -213,6 +215,76 @@ TEST_P(Collectives, AllToAll) {
 
 INSTANTIATE_TEST_SUITE_P(AllDTypes, Collectives, ::testing::ValuesIn(kAllDTypes),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+// Allreduce on symmetric memory (ring backend, all ranks on this host): the direct
+// path of comm/direct_allreduce.cc, at offsets inside the buffer, with a guard
+// element behind the region that must stay untouched.
+TEST_P(Collectives, SymmetricAllreduceEveryOpAndSize) {
+  const DType dtype = GetParam();
+  const int n = g_pg->size();
+  const size_t element = dtype_size(dtype);
+  const size_t max_count = 65537;
+  auto symmetric = g_pg->allocate_symmetric((max_count + 16) * element);
+  if (g_backend != "ring" || std::getenv("RINGTRAIN_TRANSPORT")) {
+    // mpi backend, or the ring over TCP: no shared memory, so no symmetric buffer
+    EXPECT_EQ(symmetric, nullptr);
+    return;
+  }
+  ASSERT_NE(symmetric, nullptr);
+  EXPECT_EQ(symmetric->bytes(), (max_count + 16) * element);
+  for (ReduceOp op : kOps) {
+    for (size_t count : kSizes) {
+      const size_t offset = (count % 5) + 1;  // elements; varies with the size
+      // fill [offset, offset + count + 1) through a Buffer, then copy it in
+      Buffer staging(dtype, count + 1);
+      staging.fill(g_pg->rank(), 8);
+      staging.set(count, 99.0);  // the guard (exact in every dtype)
+      char* base = static_cast<char*>(symmetric->data()) + offset * element;
+      std::memcpy(base, staging.ref().data, (count + 1) * element);
+      g_pg->allreduce({base, count, dtype, Device::cpu()}, op).wait();
+      std::memcpy(staging.ref().data, base, (count + 1) * element);
+      Checker checker{"symmetric allreduce " + std::string(reduce_op_name(op)) + " count " +
+                      std::to_string(count)};
+      for (size_t i = 0; i < count; ++i) {
+        checker.check(staging.get(i), reference(op, dtype, n, i, 8), tolerance(op, dtype), i);
+      }
+      checker.check(staging.get(count), 99.0, 0, count);
+    }
+  }
+}
+
+// A rank reducing another region of the symmetric buffer than its peers: every rank
+// fails with both regions named (on a sub-group, so the world group lives on).
+TEST(Symmetric, MismatchedRegionsAreNamed) {
+  if (g_backend != "ring" || std::getenv("RINGTRAIN_TRANSPORT")) GTEST_SKIP() << "ring over shm only";
+  auto sub = g_pg->split(0, g_pg->rank());
+  auto symmetric = sub->allocate_symmetric(4096);
+  ASSERT_NE(symmetric, nullptr);
+  float* data = static_cast<float*>(symmetric->data());
+  const size_t offset = g_pg->rank() == 1 ? 16 : 0;
+  try {
+    sub->allreduce({data + offset, 100, DType::kFloat32, Device::cpu()}).wait(30s);
+    ADD_FAILURE() << "mismatched symmetric allreduce did not fail";
+  } catch (const CommError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("every rank must pass the same region"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("offset 64"));
+  }
+  g_pg->barrier().wait();
+}
+
+// Every rank must allocate the same size; otherwise all of them say who asked for what.
+TEST(Symmetric, AllocationSizeMismatchIsNamed) {
+  if (g_backend != "ring" || std::getenv("RINGTRAIN_TRANSPORT")) GTEST_SKIP() << "ring over shm only";
+  auto sub = g_pg->split(0, g_pg->rank());
+  const size_t bytes = g_pg->rank() == 0 ? 4096 : 8192;
+  try {
+    sub->allocate_symmetric(bytes);
+    ADD_FAILURE() << "allocation with different sizes did not fail";
+  } catch (const CommError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("every rank must allocate the same size"));
+  }
+  g_pg->barrier().wait();
+}
 
 TEST(CollectivesLarge, Allreduce64MiB) {
   const size_t count = (64u << 20) / sizeof(float);

@@ -4,6 +4,7 @@
 //
 //   comm_worker --mode check      init, allreduce + sub-group check, print "ok"
 //   comm_worker --mode kill       rank --victim SIGKILLs itself in the middle of a 16 MiB allreduce
+//                                 (--symmetric: of a symmetric buffer, the direct path)
 //   comm_worker --mode throw      rank --victim throws an uncaught exception between allreduces
 //   comm_worker --mode mismatch   rank --victim issues a broadcast where the others allreduce
 //                                 (run with RINGTRAIN_DEBUG_COLLECTIVES=1)
@@ -13,10 +14,12 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <iostream>
+#include <span>
 #include <thread>
 #include <vector>
 
 #include "comm/init.h"
+#include "comm/symmetric_memory.h"
 
 using namespace ringtrain;
 using namespace ringtrain::comm;
@@ -27,6 +30,8 @@ int main(int argc, char** argv) {
   std::string backend = "ring";
   std::string init_method = "auto";
   int victim = 1;
+  bool symmetric = false;
+  app.add_flag("--symmetric", symmetric, "kill/throw/mismatch: allreduce a symmetric buffer");
   app.add_option("--mode", mode)->check(CLI::IsMember({"check", "kill", "throw", "mismatch"}));
   app.add_option("--backend", backend);
   app.add_option("--init", init_method);
@@ -57,7 +62,15 @@ int main(int argc, char** argv) {
   }
 
   const auto start = std::chrono::steady_clock::now();
-  std::vector<float> data((16u << 20) / sizeof(float), 1.0f);
+  std::vector<float> private_data((16u << 20) / sizeof(float), 1.0f);
+  std::span<float> data(private_data);
+  std::shared_ptr<SymmetricBuffer> shared;
+  if (symmetric) {
+    shared = pg->allocate_symmetric(private_data.size() * sizeof(float));
+    if (!shared) throw std::runtime_error("--symmetric: this group has no symmetric memory");
+    data = std::span<float>(static_cast<float*>(shared->data()), private_data.size());
+    std::fill(data.begin(), data.end(), 1.0f);
+  }
   try {
     for (int iteration = 0; iteration < 200; ++iteration) {
       if (rank == victim && iteration == 3) {
