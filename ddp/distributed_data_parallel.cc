@@ -43,6 +43,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   reducer_options.find_unused_parameters = options_.find_unused_parameters;
   reducer_options.static_graph = options_.static_graph;
   reducer_options.gradient_as_bucket_view = options_.gradient_as_bucket_view;
+  reducer_options.symmetric_buckets = options_.symmetric_buckets;
   reducer_options.overlap = options_.overlap;
   reducer_ = std::make_unique<Reducer>(std::move(params), std::move(names), group_, reducer_options);
 }

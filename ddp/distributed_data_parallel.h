@@ -27,6 +27,9 @@ struct DdpOptions {
   bool find_unused_parameters = false;
   bool static_graph = false;
   bool gradient_as_bucket_view = false;
+  // Buckets in symmetric memory when the group has it (ring backend, one host): the
+  // allreduce reads the peers' buckets in place. See ReducerOptions.
+  bool symmetric_buckets = true;
   bool broadcast_buffers = true;   // sync buffers from rank 0 before every forward
   bool overlap = true;             // launch buckets during backward (false: all at the end)
 };

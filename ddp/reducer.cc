@@ -5,6 +5,7 @@
 #include <map>
 #include <unordered_set>
 
+#include "comm/symmetric_memory.h"
 #include "tensor/ops.h"
 
 namespace ringtrain::ddp {
@@ -129,7 +130,11 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
       total += params_[i].numel();
     }
     const Tensor& first = params_[assignment[b].front()];
-    bucket.flat = zeros({total}, first.dtype(), first.device());
+    bool symmetric = false;
+    bucket.flat = allocate_bucket(total, first, &symmetric);
+    // Copying mode swaps in a fresh buffer after each step (finalize_backward, step 5):
+    // with symmetric memory that is a second buffer of the same kind, used in turn.
+    if (symmetric && !options_.gradient_as_bucket_view) bucket.spare = allocate_bucket(total, first, &symmetric);
     for (size_t j = 0; j < bucket.variable_indices.size(); ++j) {
       size_t i = bucket.variable_indices[j];
       bucket.views.push_back(bucket.flat.narrow(0, bucket.offsets[j], bucket.lengths[j]).view(params_[i].shape()));
@@ -137,6 +142,22 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     }
     buckets_.push_back(std::move(bucket));
   }
+}
+
+Tensor Reducer::allocate_bucket(int64_t numel, const Tensor& like, bool* symmetric) {
+  *symmetric = false;
+  if (options_.symmetric_buckets && !passthrough() && like.device().is_cpu()) {
+    // Collective: every rank builds the same buckets in the same order.
+    const size_t bytes = static_cast<size_t>(numel) * dtype_size(like.dtype());
+    if (auto memory = group_->allocate_symmetric(bytes)) {
+      *symmetric = true;
+      // The tensor keeps the mapping alive (a .grad view may outlive the bucket).
+      DataPtr data(memory->data(), [memory](void*) {});
+      auto storage = std::make_shared<Storage>(std::move(data), bytes, like.device());
+      return Tensor::from_storage(storage, {numel}, {1}, 0, like.dtype());  // zero-filled
+    }
+  }
+  return zeros({numel}, like.dtype(), like.device());
 }
 
 std::vector<std::vector<size_t>> Reducer::bucket_assignment() const {
@@ -327,9 +348,10 @@ void Reducer::finalize_backward() {
   // no gradient, exactly as in single-process training.
   //   gradient_as_bucket_view: .grad already is the bucket view; nothing moves.
   //   otherwise: .grad *becomes* the bucket view and the bucket gets a fresh buffer
-  //   for the next step (from the caching allocator), instead of copying every
-  //   averaged gradient back; every slot of the fresh buffer is written (copy or
-  //   zero) before its bucket is launched, so it needs no initialisation.
+  //   for the next step (from the caching allocator; with symmetric buckets, the
+  //   spare one, which no .grad views any more), instead of copying every averaged
+  //   gradient back; every slot of the fresh buffer is written (copy or zero)
+  //   before its bucket is launched, so it needs no initialisation.
   for (size_t i = 0; i < params_.size() && !passthrough(); ++i) {
     const VariableLocator& loc = locators_[i];
     const Tensor& view = buckets_[loc.bucket_index].views[loc.intra_bucket_index];
@@ -339,7 +361,11 @@ void Reducer::finalize_backward() {
   }
   if (!options_.gradient_as_bucket_view && !passthrough()) {
     for (auto& bucket : buckets_) {
-      bucket.flat = Tensor::empty(bucket.flat.shape(), bucket.flat.dtype(), bucket.flat.device());
+      if (bucket.spare.defined()) {
+        std::swap(bucket.flat, bucket.spare);  // .grad now views the other one
+      } else {
+        bucket.flat = Tensor::empty(bucket.flat.shape(), bucket.flat.dtype(), bucket.flat.device());
+      }
       for (size_t j = 0; j < bucket.views.size(); ++j)
         bucket.views[j] = bucket.flat.narrow(0, bucket.offsets[j], bucket.lengths[j])
                               .view(params_[bucket.variable_indices[j]].shape());

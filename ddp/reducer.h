@@ -51,6 +51,7 @@ struct VariableLocator {
 // A contiguous group of gradients reduced by one collective.
 struct Bucket {
   Tensor flat;                          // all gradients of this bucket, back to back (1-D)
+  Tensor spare;                         // symmetric buckets, copying mode: the other buffer
   std::vector<size_t> variable_indices; // parameter indices, in bucket order
   std::vector<int64_t> offsets;         // element offset of each variable in `flat`
   std::vector<int64_t> lengths;         // element count of each variable
@@ -81,6 +82,11 @@ struct ReducerOptions {
   bool gradient_as_bucket_view = false;   // .grad are views into the buckets: no copies
   bool rebuild_buckets = true;            // re-bucket once from the real ready order
   bool overlap = true;                    // false: launch nothing until backward ends (for benchmarks)
+  // Buckets in ProcessGroup::allocate_symmetric memory when the group has it (ring
+  // backend, every rank on this host): the allreduce then loads the peers' buckets
+  // directly instead of copying through the transport (comm/direct_allreduce.cc).
+  // Without gradient_as_bucket_view each bucket gets two such buffers, used in turn.
+  bool symmetric_buckets = true;
 };
 
 // Per-step timings (milliseconds), filled by the Reducer and the DDP wrapper.
@@ -134,6 +140,7 @@ class Reducer {
 
  private:
   void build_buckets(const std::vector<size_t>& order);
+  Tensor allocate_bucket(int64_t numel, const Tensor& like, bool* symmetric);
   void on_gradient_ready(size_t index);
   void mark_variable_ready(size_t index, bool used);
   void launch_ready_buckets();

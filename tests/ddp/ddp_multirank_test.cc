@@ -131,6 +131,7 @@ struct Case {
   size_t bucket_cap;
   size_t first_bucket;
   bool grad_as_view;
+  bool symmetric = true;  // buckets in symmetric memory where the group has it
 };
 
 TEST(DdpMultiRank, MatchesSingleProcessOnTheConcatenatedBatchForEveryBucketSize) {
@@ -139,6 +140,8 @@ TEST(DdpMultiRank, MatchesSingleProcessOnTheConcatenatedBatchForEveryBucketSize)
       {"default caps", kDefaultBucketBytesCap, kDefaultFirstBucketBytes, false},
       {"everything in one bucket", size_t{1} << 40, size_t{1} << 40, false},
       {"small buckets, gradient_as_bucket_view", 2048, 1024, true},
+      {"default caps, ordinary bucket memory", kDefaultBucketBytesCap, kDefaultFirstBucketBytes, false, false},
+      {"small buckets, gradient_as_bucket_view, ordinary memory", 2048, 1024, true, false},
   };
   for (const Case& c : cases) {
     for (Opt opt : {Opt::kSgd, Opt::kAdam}) {
@@ -147,12 +150,30 @@ TEST(DdpMultiRank, MatchesSingleProcessOnTheConcatenatedBatchForEveryBucketSize)
       options.bucket_cap_bytes = c.bucket_cap;
       options.first_bucket_bytes = c.first_bucket;
       options.gradient_as_bucket_view = c.grad_as_view;
+      options.symmetric_buckets = c.symmetric;
       // Rank-dependent init: DDP's broadcast from rank 0 must make them equal.
       auto model = make_mlp(7 + g_world->rank());
       auto reference = make_mlp(7);
       train_and_compare(model, reference, options, opt);
     }
   }
+}
+
+// With the ring backend and every rank on this host, buckets live in symmetric memory
+// (two buffers per bucket in copying mode, one with gradient_as_bucket_view);
+// elsewhere in ordinary memory. The equivalence test above checks the results.
+TEST(DdpMultiRank, BucketsUseSymmetricMemoryWhereTheGroupHasIt) {
+  const bool expect_symmetric = g_world->size() > 1 && std::string(g_world->backend_name()) == "ring" &&
+                                !std::getenv("RINGTRAIN_TRANSPORT");
+  auto model = make_mlp(3);
+  DistributedDataParallel copying(model, g_world, DdpOptions{});
+  for (const Bucket& bucket : copying.reducer().buckets()) EXPECT_EQ(bucket.spare.defined(), expect_symmetric);
+  auto viewing_model = make_mlp(3);
+  DistributedDataParallel viewing(viewing_model, g_world, DdpOptions{.gradient_as_bucket_view = true});
+  for (const Bucket& bucket : viewing.reducer().buckets()) EXPECT_FALSE(bucket.spare.defined());
+  auto plain_model = make_mlp(3);
+  DistributedDataParallel plain(plain_model, g_world, DdpOptions{.symmetric_buckets = false});
+  for (const Bucket& bucket : plain.reducer().buckets()) EXPECT_FALSE(bucket.spare.defined());
 }
 
 TEST(DdpMultiRank, OneParameterPerBucketReallyMakesOneBucketPerParameter) {
