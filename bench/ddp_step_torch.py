@@ -60,6 +60,7 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=15)
     p.add_argument("--json", default="")
+    p.add_argument("--gradient-as-bucket-view", action="store_true")
     a = p.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -80,7 +81,8 @@ def main():
 
     t_local = time_steps(local_step, a, world)
 
-    model = nn.parallel.DistributedDataParallel(make_mlp(a))
+    model = nn.parallel.DistributedDataParallel(
+        make_mlp(a), gradient_as_bucket_view=a.gradient_as_bucket_view)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
     def ddp_step():

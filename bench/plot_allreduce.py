@@ -1,8 +1,10 @@
 #!/usr/bin/python3
-"""plot_allreduce.py SWEEP.json OUT.png: busbw vs message size, ours and MPI_Allreduce.
+"""plot_allreduce.py SWEEP.json [SWEEP2.json ...] OUT.png: busbw vs size, ours and MPI_Allreduce.
 
-SWEEP.json is what `comm_sweep --json` writes (rank 0). The memcpy bandwidth
-measured in the same run is drawn as the roof, and half of it as the target line.
+Each SWEEP.json is what `comm_sweep --json` writes (rank 0); several (e.g. one with
+--buffers private and one with --buffers symmetric) are drawn together, each with
+the MPI_Allreduce of its own run. The memcpy bandwidth measured in the first run is
+drawn as the roof, and half of it as the target line.
 Uses Debian's python3-matplotlib (/usr/bin/python3).
 """
 import json
@@ -15,13 +17,19 @@ import matplotlib.pyplot as plt
 
 
 def main():
-    sweep = json.load(open(sys.argv[1]))
-    rows = sweep["rows"]
-    sizes = [r["bytes"] for r in rows]
+    sweeps = [json.load(open(path)) for path in sys.argv[1:-1]]
+    sweep = sweeps[0]
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    ax.plot(sizes, [r["busbw"] for r in rows], "o-", label=f"ringtrain {sweep['backend']}")
-    if "mpi_busbw" in rows[0]:
-        ax.plot(sizes, [r["mpi_busbw"] for r in rows], "s-", label="MPI_Allreduce (Open MPI 4.1.4)")
+    markers = iter("o^vD")
+    for s in sweeps:
+        rows = s["rows"]
+        sizes = [r["bytes"] for r in rows]
+        buffers = s.get("buffers", "private")
+        ax.plot(sizes, [r["busbw"] for r in rows], next(markers) + "-",
+                label=f"ringtrain {s['backend']}, {buffers} buffers")
+        if "mpi_busbw" in rows[0]:
+            ax.plot(sizes, [r["mpi_busbw"] for r in rows], "s--", alpha=0.7,
+                    label=f"MPI_Allreduce (Open MPI 4.1.4), {buffers} buffers' run")
     ax.axhline(sweep["memcpy_gbps"], color="gray", ls="--", label=f"memcpy {sweep['memcpy_gbps']:.2f} GB/s")
     ax.axhline(sweep["memcpy_gbps"] / 2, color="gray", ls=":", label="memcpy / 2 (target)")
     ax.set_xscale("log", base=2)
@@ -31,7 +39,7 @@ def main():
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(sys.argv[2], dpi=110)
+    fig.savefig(sys.argv[-1], dpi=110)
 
 
 if __name__ == "__main__":

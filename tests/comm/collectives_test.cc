@@ -263,7 +263,7 @@ TEST(Symmetric, MismatchedRegionsAreNamed) {
   float* data = static_cast<float*>(symmetric->data());
   const size_t offset = g_pg->rank() == 1 ? 16 : 0;
   try {
-    sub->allreduce({data + offset, 100, DType::kFloat32, Device::cpu()}).wait(30s);
+    sub->allreduce({data + offset, 1000, DType::kFloat32, Device::cpu()}).wait(30s);  // >= 2 KiB: direct
     ADD_FAILURE() << "mismatched symmetric allreduce did not fail";
   } catch (const CommError& e) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("every rank must pass the same region"));
