@@ -209,6 +209,7 @@ int main(int argc, char** argv) {
     const Row& ovl = rows[0];
     const Row& no = rows[1];
     double h = ovl.t_comm > 0 ? 1.0 - (ovl.t_ms - t_local) / ovl.t_comm : 0;
+    double h_bound = ovl.t_comm > 0 ? 1.0 - ovl.comm_cpu_ms / ovl.t_comm : 0;
     std::printf("# DDP step: MLP %lld-%lldx%lld-%lld, batch %lld per rank, f32, %d rank(s), backend %s%s\n",
                 (long long)c.in_features, (long long)c.hidden, (long long)c.width, (long long)c.classes,
                 (long long)c.batch, world, c.backend.c_str(), c.grad_as_view ? ", gradient_as_bucket_view" : "");
@@ -221,12 +222,11 @@ int main(int argc, char** argv) {
     std::printf("overhead vs local: overlap %.1f%%, no overlap %.1f%%\n", 100.0 * (ovl.t_ms / t_local - 1),
                 100.0 * (no.t_ms / t_local - 1));
     std::printf("hidden fraction h = 1 - (t_ddp - t_local) / t_comm = %.2f\n", h);
-    const double h_bound = ovl.t_comm > 0 ? 1.0 - ovl.comm_cpu_ms / ovl.t_comm : 0;
     std::printf("bound with every core computing: h <= 1 - comm_cpu / t_comm = %.2f\n", h_bound);
     std::printf("# replicas identical after every configuration: #wrong = %d\n", wrong);
     if (!c.json_out.empty()) {
       nlohmann::json j = {{"world", world}, {"backend", c.backend}, {"t_local_ms", t_local}, {"h", h},
-                         {"h_bound", ovl.t_comm > 0 ? 1.0 - ovl.comm_cpu_ms / ovl.t_comm : 0}, {"wrong", wrong}};
+                         {"h_bound", h_bound}, {"wrong", wrong}};
       for (const Row& r : rows)
         j["rows"].push_back({{"name", r.name}, {"cap_mb", r.cap_mb}, {"buckets", r.buckets}, {"step_ms", r.t_ms},
                              {"t_comm_ms", r.t_comm}, {"comm_wait_ms", r.comm_wait_ms},

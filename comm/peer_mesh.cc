@@ -15,6 +15,7 @@
 #endif
 
 #include "comm/reduce.h"
+#include "comm/shm_segment.h"
 #include "comm/transport.h"
 
 namespace ringtrain::comm {
@@ -49,6 +50,23 @@ inline void cpu_relax() {
 #if defined(__x86_64__)
   _mm_pause();
 #endif
+}
+
+// How a rank waits on shared memory, where there is no descriptor to sleep on:
+// spin briefly (the peer is usually a few hundred ns behind), then give the core
+// away, then nap. Returns true every 64th round once past the spin: time to check
+// the deadline and whether the peers are still alive.
+bool shared_memory_backoff(uint64_t idle_rounds) {
+  if (idle_rounds < 256) {
+    cpu_relax();
+    return false;
+  }
+  if (idle_rounds < 4096) {
+    sched_yield();
+  } else {
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  return idle_rounds % 64 == 0;
 }
 
 }  // namespace
@@ -130,30 +148,15 @@ PeerMesh::PeerMesh(Store& store, const std::string& prefix, int rank, int size,
   std::vector<int> local_index(size, -1);
   for (size_t i = 0; i < local.size(); ++i) local_index[local[i]] = static_cast<int>(i);
   const bool use_shm = transport != "tcp" && local.size() > 1;
-  std::vector<std::shared_ptr<ShmSegment>> segment_of(size);
   if (use_shm) {
     ShmLayout layout = ShmLayout::from_env(static_cast<int>(local.size()));
     shm_name_prefix_ = detail::concat("/ringtrain-", hex(fnv1a(token + "|" + prefix)), "-r", rank,
                                       "-p", getpid());
-    const std::string& name = shm_name_prefix_;
-    segment_of[rank] = create_shm_segment(name, layout);
-    store.set(prefix + "/shm/" + std::to_string(rank), name);
-    try {
-      for (int r : local) {
-        if (r == rank) continue;
-        segment_of[r] = open_shm_segment(store.get(prefix + "/shm/" + std::to_string(r), timeout),
-                                         layout);
-      }
-      // Once every local rank has mapped every segment, the names can go: a crash
-      // from here on leaves nothing behind in /dev/shm.
-      std::string mapped_key = prefix + "/shm_mapped/" + hex(fnv1a(info[rank]["host"].get<std::string>()));
-      store.add(mapped_key, 1);
-      store.wait_at_least(mapped_key, static_cast<int64_t>(local.size()), timeout);
-    } catch (...) {
-      unlink_shm_segment(name);
-      throw;
-    }
-    unlink_shm_segment(name);
+    // One inbox per rank, shared among the ranks of this host (the key names the host).
+    auto segment_of = share_shm_segments(
+        store, prefix + "/shm/" + hex(fnv1a(info[rank]["host"].get<std::string>())), rank, size,
+        local, shm_name_prefix_, layout.segment_bytes(), timeout, "shared-memory transport",
+        "set RINGTRAIN_SHM_SLOT_BYTES and RINGTRAIN_SHM_SLOTS the same on every rank");
     for (int r : local) {
       if (r == rank) continue;
       peers_[r].transport = make_shm_transport(segment_of[rank], local_index[r], segment_of[r],
@@ -237,9 +240,9 @@ void PeerMesh::exchange(int send_peer, const void* send_data, size_t send_bytes,
   }
 }
 
-// Nothing moved this round. Spin briefly (the peer is usually a few hundred ns
-// behind), then give the core away, and now and then check the deadline and that
-// the peers we wait on still exist. Returns a peer whose socket is closed, or -1.
+// Nothing moved this round. TCP: sleep in poll(); shared memory: back off
+// (shared_memory_backoff). Now and then check the deadline and that the peers we
+// wait on still exist. Returns a peer whose socket is closed, or -1.
 int PeerMesh::wait_for_progress(int send_peer, int recv_peer, uint64_t idle_rounds,
                                  Deadline deadline) {
   auto waiting_on = [&](int peer) { return peer >= 0 ? peers_[peer].transport.get() : nullptr; };
@@ -254,15 +257,9 @@ int PeerMesh::wait_for_progress(int send_peer, int recv_peer, uint64_t idle_roun
     if (send_side) fds[count++] = {send_side->poll_fd(), POLLOUT, 0};
     if (recv_side) fds[count++] = {recv_side->poll_fd(), POLLIN, 0};
     ::poll(fds, count, std::min(millis_until(deadline), 50));
-  } else if (idle_rounds < 256) {
-    cpu_relax();
+  } else if (!shared_memory_backoff(idle_rounds)) {
     return -1;
-  } else if (idle_rounds < 4096) {
-    sched_yield();
-  } else {
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
-  if (idle_rounds % 64 != 0 && !all_tcp) return -1;
   if (Clock::now() >= deadline) {
     int peer = recv_peer >= 0 ? recv_peer : send_peer;
     throw CommTimeoutError(detail::concat("no progress from rank ", peers_[peer].world_rank,
@@ -283,16 +280,7 @@ void PeerMesh::wait_until(const std::function<bool()>& ready, Deadline deadline,
                           const char* what) {
   for (uint64_t idle_rounds = 1; !ready(); ++idle_rounds) {
     if (closed_) throw CommError("the process group was shut down after a failure");
-    if (idle_rounds < 256) {
-      cpu_relax();
-      continue;
-    }
-    if (idle_rounds < 4096) {
-      sched_yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-    if (idle_rounds % 64 != 0) continue;
+    if (!shared_memory_backoff(idle_rounds)) continue;
     if (Clock::now() >= deadline) {
       throw CommTimeoutError(detail::concat("no progress before the deadline while waiting for ",
                                             what));

@@ -8,13 +8,15 @@
 
 #include <cerrno>
 #include <cstring>
+#include <nlohmann/json.hpp>
 
+#include "comm/store.h"
 #include "comm/types.h"
 
 namespace ringtrain::comm {
 
 ShmSegment::ShmSegment(const std::string& name, size_t bytes, bool create)
-    : name_(name), bytes_(bytes) {
+    : bytes_(bytes) {
   int flags = create ? (O_CREAT | O_EXCL | O_RDWR) : O_RDWR;
   int fd = shm_open(name.c_str(), flags, 0600);
   if (fd < 0) {
@@ -43,5 +45,37 @@ ShmSegment::ShmSegment(const std::string& name, size_t bytes, bool create)
 }
 
 ShmSegment::~ShmSegment() { munmap(base_, bytes_); }
+
+std::vector<std::shared_ptr<ShmSegment>> share_shm_segments(
+    Store& store, const std::string& key, int rank, int group_size, const std::vector<int>& members,
+    const std::string& name, size_t bytes, std::chrono::milliseconds timeout, const char* what,
+    const char* fix) {
+  std::vector<std::shared_ptr<ShmSegment>> segments(group_size);
+  // 1. ours, zero-filled by ftruncate
+  segments[rank] = std::make_shared<ShmSegment>(name, bytes, /*create=*/true);
+  try {
+    store.set(detail::concat(key, "/", rank), nlohmann::json{{"name", name}, {"bytes", bytes}}.dump());
+    // 2. everyone else's: same size, then map it
+    for (int r : members) {
+      if (r == rank) continue;
+      auto entry = nlohmann::json::parse(store.get(detail::concat(key, "/", r), timeout));
+      const size_t theirs = entry["bytes"].get<size_t>();
+      if (theirs != bytes) {
+        throw CommError(detail::concat(what, ": rank ", rank, "'s shared memory segment has ", bytes,
+                                       " bytes but rank ", r, "'s has ", theirs, "; ", fix));
+      }
+      segments[r] = std::make_shared<ShmSegment>(entry["name"].get<std::string>(), bytes,
+                                                 /*create=*/false);
+    }
+    // 3. all mapped everywhere: the names can go
+    store.add(key + "/mapped", 1);
+    store.wait_at_least(key + "/mapped", static_cast<int64_t>(members.size()), timeout);
+  } catch (...) {
+    shm_unlink(name.c_str());
+    throw;
+  }
+  shm_unlink(name.c_str());
+  return segments;
+}
 
 }  // namespace ringtrain::comm

@@ -7,8 +7,11 @@
 // lives until the last process unmaps it, so a crash leaves nothing in /dev/shm.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
+#include <memory>
 #include <string>
+#include <vector>
 
 namespace ringtrain::comm {
 
@@ -21,13 +24,27 @@ class ShmSegment {
   ShmSegment& operator=(const ShmSegment&) = delete;
 
   char* base() const { return base_; }
-  size_t bytes() const { return bytes_; }
-  const std::string& name() const { return name_; }
 
  private:
-  std::string name_;
   size_t bytes_;
   char* base_ = nullptr;
 };
+
+class Store;
+
+// Collective among `members` (group ranks on this host, `rank` among them), the
+// rendezvous behind the transport's inboxes and symmetric memory:
+//   1. each creates its own segment `name` of `bytes` (zero-filled) and publishes
+//      name and size in the store under `key`;
+//   2. each reads every other member's entry, checks the size, and maps it;
+//   3. once every member has mapped every segment (a counter under `key`), each
+//      unlinks its own name, so a crash from then on leaves nothing in /dev/shm.
+// Sizes must agree: otherwise every member throws "<what>: rank A's shared memory
+// segment has X bytes but rank B's has Y; <fix>". Returns the segments indexed by group rank (nullptr for
+// ranks that are not members).
+std::vector<std::shared_ptr<ShmSegment>> share_shm_segments(
+    Store& store, const std::string& key, int rank, int group_size, const std::vector<int>& members,
+    const std::string& name, size_t bytes, std::chrono::milliseconds timeout, const char* what,
+    const char* fix);
 
 }  // namespace ringtrain::comm

@@ -20,16 +20,11 @@
 //
 // Lifetime: the segment is created by its owner, opened by the local peers, and
 // unlinked by the owner as soon as everyone has mapped it, so a crash leaves no
-// file in /dev/shm; the mapping itself lives until the last process unmaps it.
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
+// file in /dev/shm; the mapping itself lives until the last process unmaps it
+// (share_shm_segments in shm_segment.h, called by PeerMesh).
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
-#include <cstring>
 
 #include "comm/reduce.h"
 #include "comm/shm_segment.h"
@@ -81,18 +76,6 @@ ShmLayout ShmLayout::from_env(int channels) {
   layout.channels = channels;
   return layout;
 }
-
-std::shared_ptr<ShmSegment> create_shm_segment(const std::string& name, const ShmLayout& layout) {
-  auto segment = std::make_shared<ShmSegment>(name, layout.segment_bytes(), true);
-  // ftruncate zero-fills: every head and tail starts at 0.
-  return segment;
-}
-
-std::shared_ptr<ShmSegment> open_shm_segment(const std::string& name, const ShmLayout& layout) {
-  return std::make_shared<ShmSegment>(name, layout.segment_bytes(), false);
-}
-
-void unlink_shm_segment(const std::string& name) { shm_unlink(name.c_str()); }
 
 namespace {
 

@@ -70,9 +70,6 @@ struct ShmLayout {
   size_t segment_bytes() const { return channel_bytes() * channels; }
   static ShmLayout from_env(int channels);
 };
-std::shared_ptr<ShmSegment> create_shm_segment(const std::string& name, const ShmLayout& layout);
-std::shared_ptr<ShmSegment> open_shm_segment(const std::string& name, const ShmLayout& layout);
-void unlink_shm_segment(const std::string& name);
 // inbox: this rank's own segment, channel `peer_local` (the peer writes there);
 // outbox: the peer's segment, channel `my_local` (we write there).
 std::unique_ptr<Transport> make_shm_transport(std::shared_ptr<ShmSegment> inbox, int peer_local,

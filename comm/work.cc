@@ -2,7 +2,6 @@
 
 #include <thread>
 
-
 namespace ringtrain::comm {
 
 void WorkState::mark_completed() {
