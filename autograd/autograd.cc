@@ -80,6 +80,23 @@ void set_grad(const Tensor& t, const Tensor& g) {
   }
 }
 
+void set_grad_destination(const Tensor& t, const Tensor& destination) {
+  if (destination.defined()) {
+    RT_CHECK(destination.shape() == t.shape() && destination.dtype() == t.dtype() &&
+                 destination.device() == t.device() && destination.is_contiguous(),
+             "set_grad_destination: the destination must be a contiguous tensor of the leaf's shape, "
+             "dtype and device; got ", destination.describe(), " for ", t.describe());
+    RT_CHECK(is_leaf(t), "set_grad_destination: ", t.describe(), " is not a leaf (only leaves "
+             "accumulate .grad)");
+    AutogradMeta& m = meta(t);
+    m.grad_destination = destination;
+    m.destination_claimed = false;
+  } else if (AutogradMeta* m = meta_or_null(t)) {
+    m->grad_destination = Tensor();
+    m->destination_claimed = false;
+  }
+}
+
 std::shared_ptr<Node> grad_fn(const Tensor& t) {
   const AutogradMeta* m = meta_or_null(t);
   return m ? m->grad_fn : nullptr;
@@ -195,6 +212,21 @@ const Tensor& BackwardContext::saved(size_t i) const {
 
 bool BackwardContext::needs(size_t i) const {
   return i < node_.next_edges.size() && node_.next_edges[i].node != nullptr;
+}
+
+Tensor BackwardContext::destination(size_t i, const Shape& shape, DType dtype) const {
+  if (!needs(i)) return Tensor();
+  auto* accumulate = dynamic_cast<AccumulateGrad*>(node_.next_edges[i].node.get());
+  if (!accumulate) return Tensor();  // the gradient flows on through another op
+  AutogradMeta* m = meta_or_null(accumulate->variable());
+  if (!m || m->grad.defined() || !m->grad_destination.defined() || m->destination_claimed ||
+      !m->grad_hooks.empty())
+    return Tensor();
+  if (m->grad_destination.shape() != shape || m->grad_destination.dtype() != dtype) return Tensor();
+  // Claimed: a second rule feeding the same leaf (a weight used twice) computes its
+  // gradient on its own, and the engine adds the two before AccumulateGrad.
+  m->destination_claimed = true;
+  return m->grad_destination;
 }
 
 FunctionNode::FunctionNode(std::string name, BackwardFn fn, std::vector<SavedTensor> saved)

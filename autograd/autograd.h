@@ -72,6 +72,11 @@ struct AutogradMeta {
   uint64_t next_hook_id = 0;       // ids for HookHandle removal
   std::vector<std::pair<uint64_t, GradHook>> grad_hooks;  // leaf grad hooks (non-leaf ones live on grad_fn)
   std::vector<std::pair<uint64_t, PostAccumulateGradHook>> post_accumulate_hooks;  // leaves only
+  // Where the next gradient of this leaf goes while .grad is undefined (see
+  // set_grad_destination); `destination_claimed` is set once one backward rule has
+  // been handed it to write into, so no second rule writes there too.
+  Tensor grad_destination;
+  bool destination_claimed = false;
 };
 
 // A tensor saved by a forward for its backward. It keeps the values (an alias of
@@ -161,6 +166,15 @@ bool requires_grad(const Tensor& t);
 bool is_leaf(const Tensor& t);                    // no grad_fn
 Tensor grad(const Tensor& t);                     // undefined when none
 void set_grad(const Tensor& t, const Tensor& g);  // g may be undefined (= set to none)
+// A preallocated buffer for a leaf's next gradient (DDP passes its bucket slot):
+// while .grad is undefined, the next backward leaves the gradient in `destination`
+// and makes it .grad, instead of allocating one. A rule that can write its result
+// in place (linear's weight gradient, a GEMM) writes straight into it via
+// BackwardContext::destination(); otherwise the gradient is copied in. The buffer
+// must match the leaf's shape and dtype and be contiguous; its old values are
+// never read. Undefined clears it. Ignored while .grad is defined (then backward
+// accumulates into .grad as always) and when the leaf has grad hooks.
+void set_grad_destination(const Tensor& t, const Tensor& destination);
 std::shared_ptr<Node> grad_fn(const Tensor& t);
 // Keep .grad on a non-leaf after backward.
 void retain_grad(const Tensor& t);

@@ -105,7 +105,15 @@ std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad) {
     RT_CHECK(g.defined() && g.shape() == variable_.shape(), "autograd: a grad hook on leaf ",
              variable_.describe(), " returned ", g.defined() ? g.describe() : "an undefined tensor");
   }
-  if (!m.grad.defined()) {
+  if (!m.grad.defined() && m.grad_destination.defined()) {
+    // A preallocated destination (set_grad_destination): the rule that produced `g`
+    // may already have written it there (then nothing moves); otherwise copy it in.
+    Tensor destination = std::move(m.grad_destination);
+    m.grad_destination = Tensor();
+    m.destination_claimed = false;
+    if (!g.is_same(destination)) destination.copy_(g);
+    m.grad = std::move(destination);
+  } else if (!m.grad.defined()) {
     // `grad` is held by the engine (1) and by `g` (1) when no hook replaced it.
     long known_refs = g.is_same(grad) ? 1 : 0;
     if (exclusively_owned(g, known_refs) && g.dtype() == variable_.dtype())

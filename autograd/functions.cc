@@ -376,7 +376,17 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                   Tensor g2 = g.dim() == 2 ? g : g.reshape({-1, w.size(0)});
                   Grads out(3);
                   if (c.needs(0)) out[0] = rt::matmul(g2, w).reshape(x.shape());
-                  if (c.needs(1)) out[1] = rt::matmul(g2.t(), x.dim() == 2 ? x : x.reshape({-1, w.size(1)}));
+                  if (c.needs(1)) {
+                    Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, w.size(1)});
+                    // The weight gradient straight into its preallocated slot (DDP's
+                    // bucket) when it has one, saving a copy of the largest gradients.
+                    if (Tensor slot = c.destination(1, w.shape(), w.dtype()); slot.defined()) {
+                      rt::matmul_out(g2.t(), x2, slot);
+                      out[1] = slot;
+                    } else {
+                      out[1] = rt::matmul(g2.t(), x2);
+                    }
+                  }
                   if (c.needs(2)) out[2] = rt::sum(g2, {0});
                   return out;
                 });

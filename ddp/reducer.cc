@@ -166,17 +166,25 @@ std::vector<std::vector<size_t>> Reducer::bucket_assignment() const {
   return out;
 }
 
-void Reducer::attach_grad_views() {
-  // gradient_as_bucket_view: .grad *is* the bucket slot, so autograd accumulates
-  // straight into the buffer the collective reads, and no copy happens either way.
+void Reducer::offer_bucket_slots() {
+  // Each parameter's bucket slot becomes where its next gradient goes
+  // (autograd::set_grad_destination): linear's weight-gradient GEMM writes straight
+  // into the bucket, any other rule's result is copied in by AccumulateGrad, and
+  // either way the copy in mark_variable_ready finds nothing left to move.
+  //   gradient_as_bucket_view: .grad *is* the slot from now on; a gradient already
+  //   accumulated (no_sync micro-batches) is moved into the slot first.
+  //   copying mode: only where .grad is undefined (zero_grad's default); a defined
+  //   .grad is accumulated into as usual and copied into the bucket when ready.
   for (size_t i = 0; i < params_.size(); ++i) {
     const VariableLocator& loc = locators_[i];
     Tensor view = buckets_[loc.bucket_index].views[loc.intra_bucket_index];
     Tensor g = autograd::grad(params_[i]);
-    if (g.defined() && g.is_same(view)) continue;
-    if (g.defined()) view.copy_(g);  // keep accumulated values (no_sync) when re-attaching
-    else zero_(view);
-    autograd::set_grad(params_[i], view);
+    if (!g.defined()) {
+      autograd::set_grad_destination(params_[i], view);
+    } else if (options_.gradient_as_bucket_view && !g.is_same(view)) {
+      view.copy_(g);
+      autograd::set_grad(params_[i], view);
+    }
   }
 }
 
@@ -202,7 +210,7 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
     bucket.work = comm::Work();
     bucket.finish = nullptr;
   }
-  if (options_.gradient_as_bucket_view) attach_grad_views();
+  if (options_.gradient_as_bucket_view || !passthrough()) offer_bucket_slots();
   backward_start_ = last_hook_time_ = Clock::now();
   stats_.backward_ms = stats_.backward_compute_ms = stats_.comm_wait_ms = 0;
 
@@ -352,6 +360,9 @@ void Reducer::finalize_backward() {
   //   spare one, which no .grad views any more), instead of copying every averaged
   //   gradient back; every slot of the fresh buffer is written (copy or zero)
   //   before its bucket is launched, so it needs no initialisation.
+  // A slot offered to a parameter that got no gradient is withdrawn: the next
+  // offer may point elsewhere (buckets swap buffers, or are rebuilt).
+  for (const Tensor& p : params_) autograd::set_grad_destination(p, Tensor());
   for (size_t i = 0; i < params_.size() && !passthrough(); ++i) {
     const VariableLocator& loc = locators_[i];
     const Tensor& view = buckets_[loc.bucket_index].views[loc.intra_bucket_index];

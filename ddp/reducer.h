@@ -146,7 +146,7 @@ class Reducer {
   void launch_ready_buckets();
   void finalize_backward();
   void maybe_rebuild_buckets();
-  void attach_grad_views();
+  void offer_bucket_slots();  // bucket slots as autograd's gradient destinations
   std::string unready_parameter_names() const;
 
   std::vector<Tensor> params_;                 // the model's parameters, registration order

@@ -454,6 +454,30 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return out;
 }
 
+void matmul_out(const Tensor& a, const Tensor& b, const Tensor& out) {
+  check_defined(a, "matmul_out", "first operand");
+  check_defined(b, "matmul_out", "second operand");
+  check_defined(out, "matmul_out", "output");
+  check_same_device(a, b, "matmul_out");
+  check_same_device(a, out, "matmul_out");
+  check_same_dtype(a, b, "matmul_out");
+  check_same_dtype(a, out, "matmul_out");
+  check_floating(a, "matmul_out");
+  RT_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), "matmul_out: needs [m,k] @ [k,n], got ",
+           a.describe(), " @ ", b.describe());
+  RT_CHECK(out.dim() == 2 && out.size(0) == a.size(0) && out.size(1) == b.size(1) && out.is_contiguous(),
+           "matmul_out: the output must be a contiguous [", a.size(0), ", ", b.size(1), "] tensor, got ",
+           out.describe());
+  if (out.numel() == 0) return;
+  Tensor out3 = as_batched_3d(out);
+  if (a.size(1) == 0) {
+    fill_(out3, 0.0);
+  } else {
+    RT_KERNEL(a, batched_matmul)(as_batched_3d(a), as_batched_3d(b), out3);
+  }
+  out.bump_version();
+}
+
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   check_defined(x, "linear", "input");
   check_defined(weight, "linear", "weight");

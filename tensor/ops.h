@@ -152,6 +152,10 @@ Tensor sum_to(const Tensor& a, const Shape& shape);
 // 2-D [m,k]x[k,n], batched [...,m,k]x[...,k,n] with broadcast batch dims, and
 // 1-D operands as in numpy. Float dtypes only; f16/bf16 accumulate in f32.
 Tensor matmul(const Tensor& a, const Tensor& b);
+// 2-D a [m,k] @ b [k,n] written into `out` (contiguous [m,n], same dtype and device;
+// its old values are overwritten, never read). Lets a caller choose where a GEMM's
+// result lives: autograd writes a weight gradient straight into DDP's bucket.
+void matmul_out(const Tensor& a, const Tensor& b, const Tensor& out);
 // y = x W^T + b, the Linear layer's forward in one call (bias may be undefined).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 

@@ -1,6 +1,7 @@
 // engine_test.cc: the backward engine's contract: accumulation into leaves,
 // graph freeing and retain_graph, no_grad/detach, the hook order DDP relies on,
-// queued callbacks, and the errors for misuse (each must name the problem).
+// queued callbacks, gradient destinations (set_grad_destination, what DDP's
+// buckets use), and the errors for misuse (each must name the problem).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,6 +10,7 @@
 
 #include "autograd/autograd.h"
 #include "autograd/functions.h"
+#include "autograd/graph.h"
 #include "tensor/ops.h"
 
 namespace ringtrain {
@@ -230,6 +232,125 @@ TEST(Engine, MultipleRoots) {
   backward({ag::sum(ag::mul(x, 2.0)), ag::mul(x, 3.0)},
            {Tensor(), Tensor::from_vector<float>({1, 1}, {2})});
   EXPECT_EQ(values(grad(x)), (std::vector<float>{5, 5}));
+}
+
+// ---------------------------------------------------------------- gradient destinations
+
+// An op whose rule writes 2*g into the destination of input 0 when it is offered
+// one, and reports whether it was.
+Tensor doubled(const Tensor& w, std::vector<bool>& offered) {
+  return autograd::record("doubled", {w}, mul(w, 2.0), {},
+                          [&offered, shape = w.shape(), dtype = w.dtype()](const Tensor& g, autograd::BackwardContext& c)
+                              -> std::vector<Tensor> {
+                            Tensor slot = c.destination(0, shape, dtype);
+                            offered.push_back(slot.defined());
+                            if (!slot.defined()) return {mul(g, 2.0)};
+                            slot.copy_(mul(g, 2.0));
+                            return {slot};
+                          });
+}
+
+TEST(Engine, GradientLandsInItsDestinationWhichBecomesGrad) {
+  Tensor w = param({1, 2, 3, 4}, {2, 2});
+  Tensor slot = Tensor::from_vector<float>({-7, -7, -7, -7}, {2, 2});  // old values never read
+  autograd::set_grad_destination(w, slot);
+  std::vector<bool> offered;
+  backward(ag::sum(doubled(w, offered)));
+  EXPECT_EQ(offered, (std::vector<bool>{true}));  // written in place: nothing copied
+  EXPECT_TRUE(grad(w).is_same(slot));
+  EXPECT_EQ(values(slot), (std::vector<float>{2, 2, 2, 2}));
+  // Used once: the next backward accumulates into .grad (= slot) as usual.
+  backward(ag::sum(doubled(w, offered)));
+  EXPECT_EQ(offered, (std::vector<bool>{true, false}));
+  EXPECT_TRUE(grad(w).is_same(slot));
+  EXPECT_EQ(values(slot), (std::vector<float>{4, 4, 4, 4}));
+}
+
+TEST(Engine, ADestinationIsHandedToOneRuleOnlyAndTheSumIsCopiedIn) {
+  // A weight used twice: the first rule to run writes into the slot, the second
+  // gets none, the engine adds both, and AccumulateGrad copies the sum in.
+  Tensor w = param({1, 2}, {2});
+  Tensor slot = Tensor::from_vector<float>({0, 0}, {2});
+  autograd::set_grad_destination(w, slot);
+  std::vector<bool> offered;
+  backward(ag::sum(ag::add(doubled(w, offered), ag::mul(doubled(w, offered), 3.0))));
+  EXPECT_EQ(offered, (std::vector<bool>{true, false}));
+  EXPECT_TRUE(grad(w).is_same(slot));
+  EXPECT_EQ(values(slot), (std::vector<float>{8, 8}));  // 2 + 3 * 2
+}
+
+TEST(Engine, RulesWithoutInPlaceSupportAndHookedLeavesStillFillTheDestination) {
+  Tensor w = param({1, 2, 3}, {3});
+  Tensor slot = Tensor::from_vector<float>({9, 9, 9}, {3});
+  autograd::set_grad_destination(w, slot);
+  backward(ag::sum(ag::mul(w, 5.0)));  // mul's rule allocates; AccumulateGrad copies
+  EXPECT_TRUE(grad(w).is_same(slot));
+  EXPECT_EQ(values(slot), (std::vector<float>{5, 5, 5}));
+
+  // A grad hook may replace the gradient, so no rule writes in place; the hooked
+  // value is what lands in the slot.
+  Tensor v = param({1, 2}, {2});
+  Tensor vslot = Tensor::from_vector<float>({0, 0}, {2});
+  autograd::set_grad_destination(v, vslot);
+  autograd::register_hook(v, [](const Tensor& g) { return mul(g, 10.0); });
+  std::vector<bool> offered;
+  backward(ag::sum(doubled(v, offered)));
+  EXPECT_EQ(offered, (std::vector<bool>{false}));
+  EXPECT_TRUE(grad(v).is_same(vslot));
+  EXPECT_EQ(values(vslot), (std::vector<float>{20, 20}));
+}
+
+TEST(Engine, DestinationIsIgnoredWhileGradIsDefinedAndCanBeWithdrawn) {
+  Tensor w = param({1, 2}, {2});
+  backward(ag::sum(ag::mul(w, 1.0)));
+  Tensor existing = grad(w);
+  Tensor slot = Tensor::from_vector<float>({0, 0}, {2});
+  autograd::set_grad_destination(w, slot);
+  std::vector<bool> offered;
+  backward(ag::sum(doubled(w, offered)));
+  EXPECT_EQ(offered, (std::vector<bool>{false}));
+  EXPECT_TRUE(grad(w).is_same(existing));
+  EXPECT_EQ(values(existing), (std::vector<float>{3, 3}));
+  EXPECT_EQ(values(slot), (std::vector<float>{0, 0}));
+
+  autograd::set_grad(w, Tensor());
+  autograd::set_grad_destination(w, Tensor());  // withdrawn: backward allocates again
+  backward(ag::sum(doubled(w, offered)));
+  EXPECT_FALSE(grad(w).is_same(slot));
+  EXPECT_EQ(values(slot), (std::vector<float>{0, 0}));
+}
+
+TEST(Engine, LinearWritesItsWeightGradientIntoTheDestination) {
+  Generator gen(3);
+  Tensor x = randn({5, 4}, gen);
+  Tensor w = randn({3, 4}, gen), b = randn({3}, gen);
+  autograd::set_requires_grad(w);
+  autograd::set_requires_grad(b);
+  backward(ag::sum(ag::tanh(ag::linear(x, w, b))));
+  std::vector<float> expected_w = values(grad(w)), expected_b = values(grad(b));
+  autograd::set_grad(w, Tensor());
+  autograd::set_grad(b, Tensor());
+  Tensor flat = full({15}, -1.0);  // one buffer holding both, like a DDP bucket
+  Tensor w_slot = flat.narrow(0, 0, 12).view({3, 4}), b_slot = flat.narrow(0, 12, 3);
+  autograd::set_grad_destination(w, w_slot);
+  autograd::set_grad_destination(b, b_slot);
+  backward(ag::sum(ag::tanh(ag::linear(x, w, b))));
+  EXPECT_TRUE(grad(w).is_same(w_slot));
+  EXPECT_TRUE(grad(b).is_same(b_slot));
+  EXPECT_EQ(values(w_slot), expected_w);  // the same GEMM, bit for bit
+  EXPECT_EQ(values(b_slot), expected_b);
+}
+
+TEST(Engine, BadDestinationsAreNamed) {
+  Tensor w = param({1, 2, 3, 4}, {2, 2});
+  expect_error([&] { autograd::set_grad_destination(w, Tensor::from_vector<float>({0, 0, 0}, {3})); },
+               {"set_grad_destination", "[3]", "[2, 2]"});
+  expect_error([&] { autograd::set_grad_destination(w, full({2, 2}, 0.0, DType::kFloat64)); },
+               {"set_grad_destination", "float64"});
+  expect_error([&] { autograd::set_grad_destination(w, full({2, 2}, 0.0).t()); },
+               {"set_grad_destination", "contiguous"});
+  Tensor y = ag::mul(w, 2.0);
+  expect_error([&] { autograd::set_grad_destination(y, full({2, 2}, 0.0)); }, {"not a leaf"});
 }
 
 }  // namespace

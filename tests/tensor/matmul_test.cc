@@ -74,6 +74,26 @@ TEST(Matmul, IntegerAndMismatchedOperandsThrow) {
   EXPECT_TRUE(throws_with([&] { matmul(a, c); }, {"matmul", "float32", "float64"}));
 }
 
+TEST(Matmul, OutVariantWritesTheSameResultIntoTheGivenTensor) {
+  for (DType dtype : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Tensor a = random_view({9, 7}, dtype, 21, Layout::kTransposed);
+    Tensor b = random_view({7, 5}, dtype, 22, Layout::kSliced);
+    Tensor flat = full({50}, 123.0, dtype);  // old values must be overwritten, not read
+    Tensor out = flat.narrow(0, 3, 45).view({9, 5});
+    matmul_out(a, b, out);
+    EXPECT_EQ(out.to_vector<double>(), matmul(a, b).to_vector<double>());
+    EXPECT_EQ(flat.to_vector<double>()[2], 123.0);  // nothing outside `out` touched
+    EXPECT_EQ(flat.to_vector<double>()[48], 123.0);
+  }
+  Tensor a = random_tensor({2, 3}, DType::kFloat32, 1);
+  Tensor b = random_tensor({3, 4}, DType::kFloat32, 2);
+  EXPECT_TRUE(throws_with([&] { matmul_out(a, b, full({4, 2}, 0.0)); }, {"matmul_out", "[2, 4]", "[4, 2]"}));
+  EXPECT_TRUE(throws_with([&] { matmul_out(a, b, full({4, 2}, 0.0).t()); }, {"matmul_out", "contiguous"}));
+  EXPECT_TRUE(throws_with([&] { matmul_out(a, b, full({2, 4}, 0.0, DType::kFloat64)); },
+                          {"matmul_out", "float32", "float64"}));
+}
+
 TEST(Linear, WithAndWithoutBias) {
   for (DType dtype : kFloatTypes) {
     SCOPED_TRACE(dtype_name(dtype));
