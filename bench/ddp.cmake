@@ -9,7 +9,7 @@ if(TARGET ringtrain_ddp)
     add_test(NAME bench_ddp_step_smoke_mpirun_np2
              COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe -np 2
                      $<TARGET_FILE:ddp_step> --in-features 32 --width 64 --hidden 2 --batch 8
-                     --warmup 1 --steps 3 --sweep-mb 0.01 1)
+                     --warmup 1 --rounds 2 --steps 2 --sweep-mb 0.01 1)
     set_tests_properties(bench_ddp_step_smoke_mpirun_np2 PROPERTIES LABELS bench-smoke TIMEOUT 120
                          PASS_REGULAR_EXPRESSION "#wrong = 0")
   endif()

@@ -15,6 +15,12 @@
 //               busy, that time is taken from compute, so h <= 1 - comm_cpu / t_comm:
 //               the bound the benchmark prints beside h.
 //   sweep       t_ddp for several bucket caps
+// Timed in rounds: every configuration is built first; then each round runs one
+// warm-up step and --steps timed steps of every configuration in turn (--rounds
+// rounds), and each result is the median over all its rounds. This machine's speed
+// drifts by 10% over a minute; timed in blocks, whichever configuration ran in a
+// slow minute looked worse (t_local was once 27.8 ms against 23 ms in the run
+// before). Interleaved, a drift moves all configurations alike.
 // Correctness while timing: after each DDP configuration every rank's parameters
 // must be bit-identical (a checksum per rank, compared across ranks); any
 // difference is counted in #wrong and makes the program exit 1.
@@ -49,7 +55,7 @@ namespace {
 
 struct Config {
   int64_t in_features = 784, width = 1024, hidden = 4, classes = 10, batch = 64;
-  int warmup = 3, steps = 15;
+  int warmup = 3, rounds = 5, steps = 3;  // warm-up per configuration, then rounds x steps timed
   std::vector<double> sweep_mb = {0.25, 1, 5, 25, 100};
   std::string backend = "ring";
   bool grad_as_view = false;
@@ -85,22 +91,16 @@ double cpu_ms(clockid_t clock) {
 
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
-// Times `step` (warm-up first); all ranks start each step together so the
-// median is the step time of the slowest rank, as a real job sees it.
+// One step on every rank, started together after a barrier; returns the slowest
+// rank's time, as a real job sees it.
 template <typename Step>
-double time_steps(comm::ProcessGroup& pg, const Config& c, Step&& step) {
-  for (int i = 0; i < c.warmup; ++i) step();
-  std::vector<double> times;
-  for (int i = 0; i < c.steps; ++i) {
-    pg.barrier().wait();
-    auto t0 = Clock::now();
-    step();
-    double local = ms_since(t0);
-    double slowest = local;
-    pg.allreduce({&slowest, 1, DType::kFloat64, Device::cpu()}, comm::ReduceOp::kMax).wait();
-    times.push_back(slowest);
-  }
-  return median(times);
+double time_one_step(comm::ProcessGroup& pg, Step&& step) {
+  pg.barrier().wait();
+  auto t0 = Clock::now();
+  step();
+  double slowest = ms_since(t0);
+  pg.allreduce({&slowest, 1, DType::kFloat64, Device::cpu()}, comm::ReduceOp::kMax).wait();
+  return slowest;
 }
 
 // 1 when the parameters differ between ranks (they must be bit-identical).
@@ -124,8 +124,11 @@ int main(int argc, char** argv) {
   app.add_option("--width", c.width)->capture_default_str();
   app.add_option("--hidden", c.hidden)->capture_default_str();
   app.add_option("--batch", c.batch, "per-rank batch")->capture_default_str();
-  app.add_option("--warmup", c.warmup)->capture_default_str();
-  app.add_option("--steps", c.steps, "timed steps per configuration")->capture_default_str();
+  app.add_option("--warmup", c.warmup, "untimed steps per configuration before the first round")
+      ->capture_default_str();
+  app.add_option("--rounds", c.rounds, "rounds; each times every configuration in turn")->capture_default_str();
+  app.add_option("--steps", c.steps, "timed steps per configuration per round (after one warm-up step)")
+      ->capture_default_str();
   app.add_option("--sweep-mb", c.sweep_mb, "bucket caps to sweep (MiB)");
   app.add_flag("--gradient-as-bucket-view", c.grad_as_view,
                "DdpOptions::gradient_as_bucket_view (no copy of gradients into buckets)");
@@ -143,67 +146,104 @@ int main(int argc, char** argv) {
   Tensor x = randn({c.batch, c.in_features}, data_gen);
   Tensor y = mul(rand({c.batch}, data_gen), static_cast<double>(c.classes)).to(DType::kInt64);
 
-  // ---- t_local: no DDP at all
+  // ---- every configuration, built up front
+  // t_local: no DDP at all, this rank's model alone.
   auto local_model = make_mlp(c, 1);
   nn::SGD local_opt(local_model->parameters(), {.lr = 0.01});
-  double t_local = time_steps(*pg, c, [&] {
+  auto local_step = [&] {
     local_opt.zero_grad();
     autograd::backward(ag::cross_entropy(local_model->forward(x), y));
     local_opt.step();
-  });
+  };
+  std::vector<double> local_times;
 
-  // ---- DDP configurations
   struct Row {
     std::string name;
     double cap_mb;
     bool overlap;
+    std::shared_ptr<nn::Module> model;
+    std::unique_ptr<ddp::DistributedDataParallel> ddp;
+    std::unique_ptr<nn::SGD> opt;
+    std::vector<double> times, waits, comm_cpu, comm_times;
     double t_ms = 0, comm_wait_ms = 0, t_comm = 0, comm_cpu_ms = 0;
     size_t buckets = 0;
   };
-  auto run_ddp = [&](Row& row) {
-    auto model = make_mlp(c, 1);
+  std::vector<Row> rows;
+  auto add_row = [&rows](std::string name, double cap_mb, bool overlap) {
+    Row& row = rows.emplace_back();
+    row.name = std::move(name), row.cap_mb = cap_mb, row.overlap = overlap;
+  };
+  add_row("overlap", 25, true);
+  add_row("no overlap", 25, false);
+  for (double mb : c.sweep_mb) add_row("sweep", mb, true);
+  for (Row& row : rows) {
+    row.model = make_mlp(c, 1);
     ddp::DdpOptions options;
     options.bucket_cap_bytes = static_cast<size_t>(row.cap_mb * (1 << 20));
     options.overlap = row.overlap;
     options.gradient_as_bucket_view = c.grad_as_view;
-    ddp::DistributedDataParallel ddp(model, pg, options);
-    nn::SGD opt(model->parameters(), {.lr = 0.01});
-    std::vector<double> waits, comm_cpu;
-    row.t_ms = time_steps(*pg, c, [&] {
-      const double process0 = cpu_ms(CLOCK_PROCESS_CPUTIME_ID), thread0 = cpu_ms(CLOCK_THREAD_CPUTIME_ID);
-      opt.zero_grad();
-      autograd::backward(ag::cross_entropy(ddp(x), y));
-      opt.step();
-      waits.push_back(ddp.last_stats().comm_wait_ms);
-      comm_cpu.push_back((cpu_ms(CLOCK_PROCESS_CPUTIME_ID) - process0) - (cpu_ms(CLOCK_THREAD_CPUTIME_ID) - thread0));
-    });
-    row.comm_wait_ms = median(waits);
-    row.comm_cpu_ms = median(comm_cpu);  // averaged over the ranks:
-    pg->allreduce({&row.comm_cpu_ms, 1, DType::kFloat64, Device::cpu()}, comm::ReduceOp::kAvg).wait();
-    row.buckets = ddp.reducer().buckets().size();
-    // t_comm: the same buckets' allreduces alone, launched back to back.
-    row.t_comm = time_steps(*pg, c, [&] {
-      std::vector<comm::Work> works;
-      for (const auto& b : ddp.reducer().buckets())
-        works.push_back(pg->allreduce({b.flat.data_ptr(), static_cast<size_t>(b.flat.numel()), b.flat.dtype(), b.flat.device()},
-                                      comm::ReduceOp::kAvg));
-      for (auto& w : works) w.wait();
-    });
-    wrong += replicas_differ(*pg, *model);
-    if (!c.trace.empty() && row.name == "overlap") {
-      // One more step, recorded for the timeline.
-      opt.zero_grad();
-      auto t0 = Clock::now();
-      Tensor out = ddp(x);
-      double forward_ms = ms_since(t0);
-      autograd::backward(ag::cross_entropy(out, y));
-      if (rank == 0) ddp::write_chrome_trace(c.trace, ddp.reducer(), forward_ms, rank);
-    }
+    row.ddp = std::make_unique<ddp::DistributedDataParallel>(row.model, pg, options);
+    row.opt = std::make_unique<nn::SGD>(row.model->parameters(), nn::SGDOptions{.lr = 0.01});
+  }
+  auto ddp_step = [&](Row& row) {
+    row.opt->zero_grad();
+    autograd::backward(ag::cross_entropy((*row.ddp)(x), y));
+    row.opt->step();
+  };
+  // t_comm: the same buckets' allreduces alone, launched back to back.
+  auto comm_only = [&](Row& row) {
+    std::vector<comm::Work> works;
+    for (const auto& b : row.ddp->reducer().buckets())
+      works.push_back(pg->allreduce({b.flat.data_ptr(), static_cast<size_t>(b.flat.numel()), b.flat.dtype(), b.flat.device()},
+                                    comm::ReduceOp::kAvg));
+    for (auto& w : works) w.wait();
   };
 
-  std::vector<Row> rows = {{"overlap", 25, true}, {"no overlap", 25, false}};
-  for (double mb : c.sweep_mb) rows.push_back({"sweep", mb, true});
-  for (Row& row : rows) run_ddp(row);
+  // ---- warm-up (includes step 1, after which DDP rebuilds its buckets), then rounds
+  for (int i = 0; i < c.warmup; ++i) {
+    local_step();
+    for (Row& row : rows) ddp_step(row);
+  }
+  for (int round = 0; round < c.rounds; ++round) {
+    local_step();
+    for (int i = 0; i < c.steps; ++i) local_times.push_back(time_one_step(*pg, local_step));
+    for (Row& row : rows) {
+      ddp_step(row);
+      for (int i = 0; i < c.steps; ++i) {
+        double comm_cpu = 0;
+        row.times.push_back(time_one_step(*pg, [&] {
+          const double process0 = cpu_ms(CLOCK_PROCESS_CPUTIME_ID), thread0 = cpu_ms(CLOCK_THREAD_CPUTIME_ID);
+          ddp_step(row);
+          // what the communication thread used: process CPU time minus this thread's
+          comm_cpu = (cpu_ms(CLOCK_PROCESS_CPUTIME_ID) - process0) - (cpu_ms(CLOCK_THREAD_CPUTIME_ID) - thread0);
+        }));
+        row.waits.push_back(row.ddp->last_stats().comm_wait_ms);
+        row.comm_cpu.push_back(comm_cpu);
+      }
+      comm_only(row);
+      for (int i = 0; i < c.steps; ++i) row.comm_times.push_back(time_one_step(*pg, [&] { comm_only(row); }));
+    }
+  }
+  const double t_local = median(local_times);
+  for (Row& row : rows) {
+    row.t_ms = median(row.times);
+    row.comm_wait_ms = median(row.waits);
+    row.t_comm = median(row.comm_times);
+    row.comm_cpu_ms = median(row.comm_cpu);  // averaged over the ranks:
+    pg->allreduce({&row.comm_cpu_ms, 1, DType::kFloat64, Device::cpu()}, comm::ReduceOp::kAvg).wait();
+    row.buckets = row.ddp->reducer().buckets().size();
+    wrong += replicas_differ(*pg, *row.model);
+  }
+  if (!c.trace.empty()) {
+    // One more step of the default configuration, recorded for the timeline.
+    Row& row = rows[0];
+    row.opt->zero_grad();
+    auto t0 = Clock::now();
+    Tensor out = (*row.ddp)(x);
+    double forward_ms = ms_since(t0);
+    autograd::backward(ag::cross_entropy(out, y));
+    if (rank == 0) ddp::write_chrome_trace(c.trace, row.ddp->reducer(), forward_ms, rank);
+  }
 
   if (rank == 0) {
     const Row& ovl = rows[0];
