@@ -214,7 +214,7 @@ bool BackwardContext::needs(size_t i) const {
   return i < node_.next_edges.size() && node_.next_edges[i].node != nullptr;
 }
 
-Tensor BackwardContext::destination(size_t i, const Shape& shape, DType dtype) const {
+Tensor BackwardContext::destination(size_t i) const {
   if (!needs(i)) return Tensor();
   auto* accumulate = dynamic_cast<AccumulateGrad*>(node_.next_edges[i].node.get());
   if (!accumulate) return Tensor();  // the gradient flows on through another op
@@ -222,7 +222,6 @@ Tensor BackwardContext::destination(size_t i, const Shape& shape, DType dtype) c
   if (!m || m->grad.defined() || !m->grad_destination.defined() || m->destination_claimed ||
       !m->grad_hooks.empty())
     return Tensor();
-  if (m->grad_destination.shape() != shape || m->grad_destination.dtype() != dtype) return Tensor();
   // Claimed: a second rule feeding the same leaf (a weight used twice) computes its
   // gradient on its own, and the engine adds the two before AccumulateGrad.
   m->destination_claimed = true;

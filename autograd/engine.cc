@@ -23,6 +23,7 @@
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "autograd/autograd.h"
 #include "autograd/graph.h"
@@ -108,8 +109,7 @@ std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad) {
   if (!m.grad.defined() && m.grad_destination.defined()) {
     // A preallocated destination (set_grad_destination): the rule that produced `g`
     // may already have written it there (then nothing moves); otherwise copy it in.
-    Tensor destination = std::move(m.grad_destination);
-    m.grad_destination = Tensor();
+    Tensor destination = std::exchange(m.grad_destination, Tensor());
     m.destination_claimed = false;
     if (!g.is_same(destination)) destination.copy_(g);
     m.grad = std::move(destination);

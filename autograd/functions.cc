@@ -380,7 +380,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                     Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, w.size(1)});
                     // The weight gradient straight into its preallocated slot (DDP's
                     // bucket) when it has one, saving a copy of the largest gradients.
-                    if (Tensor slot = c.destination(1, w.shape(), w.dtype()); slot.defined()) {
+                    if (Tensor slot = c.destination(1); slot.defined()) {
                       rt::matmul_out(g2.t(), x2, slot);
                       out[1] = slot;
                     } else {

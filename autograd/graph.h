@@ -40,11 +40,11 @@ class BackwardContext {
   // Whether input i needs a gradient (lets a rule skip work, e.g. a GEMM).
   bool needs(size_t i) const;
   // Where the gradient of input i may be written in place, or an undefined tensor:
-  // defined only when input i is a leaf with a grad destination (set_grad_destination)
-  // of `shape`/`dtype`, no .grad yet and no grad hooks, and only for the first rule
-  // that asks in this backward. A rule that gets one must fill every element and
-  // return that same tensor as gradient i.
-  Tensor destination(size_t i, const Shape& shape, DType dtype) const;
+  // defined only when input i is a leaf with a grad destination (set_grad_destination,
+  // which checked it has the leaf's shape and dtype), no .grad yet and no grad hooks,
+  // and only for the first rule that asks in this backward. A rule that gets one must
+  // fill every element and return that same tensor as gradient i.
+  Tensor destination(size_t i) const;
 
  private:
   const FunctionNode& node_;

@@ -416,6 +416,16 @@ Tensor as_batched_3d(const Tensor& t) {
   if (t.dim() == 2) return t.unsqueeze(0);
   return t.reshape({-1, rows, cols});
 }
+
+// out3 [B,m,n] = a3 [B,m,k] @ b3 [B,k,n]; k == 0 gives zeros (an empty sum).
+void batched_matmul_into(const Tensor& a3, const Tensor& b3, Tensor out3) {
+  if (out3.numel() == 0) return;
+  if (a3.size(-1) == 0) {
+    fill_(out3, 0.0);
+  } else {
+    RT_KERNEL(a3, batched_matmul)(a3, b3, out3);
+  }
+}
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
@@ -439,16 +449,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   full_b.insert(full_b.end(), {k, n});
   out_shape.insert(out_shape.end(), {m, n});
   Tensor out = Tensor::empty(out_shape, a.dtype(), a.device());
-  if (out.numel() > 0) {
-    Tensor out3 = as_batched_3d(out);
-    if (k == 0) {
-      fill_(out3, 0.0);
-    } else {
-      Tensor a3 = as_batched_3d(lhs.expand(full_a));
-      Tensor b3 = as_batched_3d(rhs.expand(full_b));
-      RT_KERNEL(a, batched_matmul)(a3, b3, out3);
-    }
-  }
+  if (out.numel() > 0)
+    batched_matmul_into(as_batched_3d(lhs.expand(full_a)), as_batched_3d(rhs.expand(full_b)), as_batched_3d(out));
   if (a.dim() == 1) out = out.squeeze(-2);
   if (b.dim() == 1) out = out.squeeze(-1);
   return out;
@@ -468,13 +470,7 @@ void matmul_out(const Tensor& a, const Tensor& b, const Tensor& out) {
   RT_CHECK(out.dim() == 2 && out.size(0) == a.size(0) && out.size(1) == b.size(1) && out.is_contiguous(),
            "matmul_out: the output must be a contiguous [", a.size(0), ", ", b.size(1), "] tensor, got ",
            out.describe());
-  if (out.numel() == 0) return;
-  Tensor out3 = as_batched_3d(out);
-  if (a.size(1) == 0) {
-    fill_(out3, 0.0);
-  } else {
-    RT_KERNEL(a, batched_matmul)(as_batched_3d(a), as_batched_3d(b), out3);
-  }
+  batched_matmul_into(as_batched_3d(a), as_batched_3d(b), as_batched_3d(out));
   out.bump_version();
 }
 

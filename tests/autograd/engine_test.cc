@@ -240,9 +240,8 @@ TEST(Engine, MultipleRoots) {
 // one, and reports whether it was.
 Tensor doubled(const Tensor& w, std::vector<bool>& offered) {
   return autograd::record("doubled", {w}, mul(w, 2.0), {},
-                          [&offered, shape = w.shape(), dtype = w.dtype()](const Tensor& g, autograd::BackwardContext& c)
-                              -> std::vector<Tensor> {
-                            Tensor slot = c.destination(0, shape, dtype);
+                          [&offered](const Tensor& g, autograd::BackwardContext& c) -> std::vector<Tensor> {
+                            Tensor slot = c.destination(0);
                             offered.push_back(slot.defined());
                             if (!slot.defined()) return {mul(g, 2.0)};
                             slot.copy_(mul(g, 2.0));
