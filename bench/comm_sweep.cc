@@ -18,8 +18,13 @@
 // in place by direct loads and stores (comm/direct_allreduce.cc) - the way DDP's
 // buckets are allocated. MPI sees ordinary memory either way.
 //
+// --launch blocking (the default) times allreduce(..., Launch::kBlocking), which on
+// an idle group runs on the calling thread the way MPI_Allreduce does; --launch
+// async times the queued path DDP uses (allreduce on the comm thread, Work::wait).
+//
 // Each repetition restores the input from a pristine copy (untimed) because the
 // allreduce is in place, then a barrier lines the ranks up, then the timed call.
+// Ours and MPI_Allreduce alternate repetition by repetition.
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -85,8 +90,16 @@ int main(int argc, char** argv) {
                  "private (ordinary memory) or symmetric (ProcessGroup::allocate_symmetric)")
       ->check(CLI::IsMember({"private", "symmetric"}))
       ->capture_default_str();
+  std::string launch_text = "blocking";
+  app.add_option("--launch", launch_text,
+                 "blocking (Launch::kBlocking: runs on the calling thread when the group is "
+                 "idle, as MPI_Allreduce does) or async (queued on the comm thread, then "
+                 "Work::wait: DDP's path)")
+      ->check(CLI::IsMember({"blocking", "async"}))
+      ->capture_default_str();
   app.add_option("--json", json_path, "also write the rows as JSON (for the plot)");
   CLI11_PARSE(app, argc, argv);
+  const Launch launch = launch_text == "blocking" ? Launch::kBlocking : Launch::kAsync;
   auto parse_size = [](std::string text) {
     size_t scale = 1;
     char last = text.empty() ? ' ' : static_cast<char>(std::toupper(text.back()));
@@ -115,7 +128,9 @@ int main(int argc, char** argv) {
   // ---- memcpy bandwidth, the roof: rank 0 copies 64 MiB while the others wait
   double memcpy_gbps = 0;
   {
-    const size_t bytes = std::min<size_t>(64u << 20, std::max<size_t>(max_bytes, 1u << 20));
+    // 64 MiB whatever the sweep's range: a copy that fits in the last-level cache
+    // (32 MiB here) measures the cache, 2-3x the memory's rate on this VM.
+    const size_t bytes = 64u << 20;
     std::vector<char> a(bytes, 1), b(bytes, 2);
     pg->barrier().wait();
     if (rank == 0) {
@@ -131,8 +146,8 @@ int main(int argc, char** argv) {
   }
 
   if (rank == 0) {
-    std::printf("# comm_sweep: allreduce, %d ranks, backend %s, init %s, %s buffers, warmup %d, iters %d (median)\n",
-                n, backend.c_str(), launch_info().method.c_str(), buffers.c_str(), warmup, iters);
+    std::printf("# comm_sweep: allreduce, %d ranks, backend %s, init %s, %s buffers, %s launch, warmup %d, iters %d (median; ours and MPI alternate)\n",
+                n, backend.c_str(), launch_info().method.c_str(), buffers.c_str(), launch_text.c_str(), warmup, iters);
     std::printf("# memcpy bandwidth (rank 0, 64 MiB, same run): %.2f GB/s\n", memcpy_gbps);
     std::printf("#\n# %10s %12s %8s %6s | %10s %8s %8s %7s |%s\n", "size", "count", "type", "redop",
                 "time", "algbw", "busbw", "#wrong",
@@ -165,22 +180,44 @@ int main(int argc, char** argv) {
   for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
     const size_t count = bytes / sizeof(float);
     const int reps = bytes > (16u << 20) ? std::max(5, static_cast<int>(iters * (16u << 20) / bytes)) : iters;
-    auto measure = [&](auto&& allreduce, auto&& barrier) {
+    // One repetition of one implementation: restore the input (untimed), line the
+    // ranks up, time the call, check every element.
+    struct Samples {
       std::vector<double> times;
       int64_t wrong = 0;
-      for (int rep = 0; rep < warmup + reps; ++rep) {
-        std::memcpy(data, pristine.data(), count * sizeof(float));
-        barrier();
-        auto t0 = std::chrono::steady_clock::now();
-        allreduce();
-        double t = Seconds(std::chrono::steady_clock::now() - t0).count();
-        if (rep < warmup) continue;
-        times.push_back(t);
-        for (size_t i = 0; i < count; ++i) wrong += data[i] != expected_sum(n, i);
-      }
+    };
+    auto repeat_once = [&](Samples& samples, bool timed, auto&& allreduce, auto&& barrier) {
+      std::memcpy(data, pristine.data(), count * sizeof(float));
+      barrier();
+      auto t0 = std::chrono::steady_clock::now();
+      allreduce();
+      double t = Seconds(std::chrono::steady_clock::now() - t0).count();
+      if (!timed) return;
+      samples.times.push_back(t);
+      for (size_t i = 0; i < count; ++i) samples.wrong += data[i] != expected_sum(n, i);
+    };
+    auto ours_once = [&](Samples& samples, bool timed) {
+      repeat_once(
+          samples, timed,
+          [&] { pg->allreduce({data, count, DType::kFloat32}, ReduceOp::kSum, launch).wait(); },
+          [&] { pg->barrier().wait(); });
+    };
+    auto mpi_once = [&](Samples& samples, bool timed) {
+      repeat_once(
+          samples, timed,
+          [&] {
+            std::lock_guard<std::mutex> lock(mpi_call_mutex());
+            MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+          },
+          [&] {
+            std::lock_guard<std::mutex> lock(mpi_call_mutex());
+            MPI_Barrier(MPI_COMM_WORLD);
+          });
+    };
+    auto summarize = [&](const Samples& samples) {
       // the slowest rank's median is the collective's time
-      double mine = median(times);
-      double slowest = mine;
+      double slowest = median(samples.times);
+      int64_t wrong = samples.wrong;
       pg->allreduce({&slowest, 1, DType::kFloat64}, ReduceOp::kMax).wait();
       pg->allreduce({&wrong, 1, DType::kInt64}, ReduceOp::kSum).wait();
       Result result;
@@ -190,21 +227,16 @@ int main(int argc, char** argv) {
       result.wrong = wrong;
       return result;
     };
-    Result ours = measure(
-        [&] { pg->allreduce({data, count, DType::kFloat32}, ReduceOp::kSum).wait(); },
-        [&] { pg->barrier().wait(); });
-    Result mpi;
-    if (mpi_reference) {
-      mpi = measure(
-          [&] {
-            std::lock_guard<std::mutex> lock(mpi_call_mutex());
-            MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-          },
-          [&] {
-            std::lock_guard<std::mutex> lock(mpi_call_mutex());
-            MPI_Barrier(MPI_COMM_WORLD);
-          });
+    // Ours and MPI alternate repetition by repetition, so that this VM's drift (its
+    // memcpy rate moves by 2x within minutes) falls on both alike.
+    Samples ours_samples, mpi_samples;
+    for (int rep = 0; rep < warmup + reps; ++rep) {
+      ours_once(ours_samples, rep >= warmup);
+      if (mpi_reference) mpi_once(mpi_samples, rep >= warmup);
     }
+    Result ours = summarize(ours_samples);
+    Result mpi;
+    if (mpi_reference) mpi = summarize(mpi_samples);
     total_wrong += ours.wrong + mpi.wrong;
     if (rank == 0) {
       std::printf("  %10zu %12zu %8s %6s | %10.2f %8.3f %8.3f %7lld |", bytes, count, "float", "sum",
@@ -255,7 +287,7 @@ int main(int argc, char** argv) {
     std::printf("# total #wrong: %lld\n", static_cast<long long>(total_wrong));
     if (!json_path.empty()) {
       std::ofstream out(json_path);
-      out << nlohmann::json{{"ranks", n}, {"backend", backend}, {"buffers", buffers}, {"memcpy_gbps", memcpy_gbps}, {"rows", rows}}.dump(1);
+      out << nlohmann::json{{"ranks", n}, {"backend", backend}, {"buffers", buffers}, {"launch", launch_text}, {"memcpy_gbps", memcpy_gbps}, {"rows", rows}}.dump(1);
     }
   }
   symmetric.reset();

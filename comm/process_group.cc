@@ -121,32 +121,35 @@ std::string ProcessGroup::describe_collective(const Collective& c, const char* b
 
 // Each call only describes the collective (fields in Collective's declaration order) and
 // queues it; enqueue() checks the arguments and hands it to the comm thread.
-Work ProcessGroup::allreduce(BufferRef buffer, ReduceOp op) {
-  return enqueue({.op = CollectiveOp::kAllreduce, .input = buffer, .reduce_op = op});
+Work ProcessGroup::allreduce(BufferRef buffer, ReduceOp op, Launch launch) {
+  return enqueue({.op = CollectiveOp::kAllreduce, .input = buffer, .reduce_op = op}, launch);
 }
 
-Work ProcessGroup::broadcast(BufferRef buffer, int root) {
-  return enqueue({.op = CollectiveOp::kBroadcast, .input = buffer, .peer = root});
+Work ProcessGroup::broadcast(BufferRef buffer, int root, Launch launch) {
+  return enqueue({.op = CollectiveOp::kBroadcast, .input = buffer, .peer = root}, launch);
 }
 
-Work ProcessGroup::reduce(BufferRef buffer, int root, ReduceOp op) {
-  return enqueue({.op = CollectiveOp::kReduce, .input = buffer, .reduce_op = op, .peer = root});
+Work ProcessGroup::reduce(BufferRef buffer, int root, ReduceOp op, Launch launch) {
+  return enqueue({.op = CollectiveOp::kReduce, .input = buffer, .reduce_op = op, .peer = root},
+                 launch);
 }
 
-Work ProcessGroup::allgather(BufferRef input, BufferRef output) {
-  return enqueue({.op = CollectiveOp::kAllgather, .input = input, .output = output});
+Work ProcessGroup::allgather(BufferRef input, BufferRef output, Launch launch) {
+  return enqueue({.op = CollectiveOp::kAllgather, .input = input, .output = output}, launch);
 }
 
-Work ProcessGroup::reduce_scatter(BufferRef input, BufferRef output, ReduceOp op) {
-  return enqueue({.op = CollectiveOp::kReduceScatter, .input = input, .output = output, .reduce_op = op});
+Work ProcessGroup::reduce_scatter(BufferRef input, BufferRef output, ReduceOp op, Launch launch) {
+  return enqueue(
+      {.op = CollectiveOp::kReduceScatter, .input = input, .output = output, .reduce_op = op},
+      launch);
 }
 
-Work ProcessGroup::all_to_all(BufferRef input, BufferRef output) {
-  return enqueue({.op = CollectiveOp::kAllToAll, .input = input, .output = output});
+Work ProcessGroup::all_to_all(BufferRef input, BufferRef output, Launch launch) {
+  return enqueue({.op = CollectiveOp::kAllToAll, .input = input, .output = output}, launch);
 }
 
-Work ProcessGroup::barrier() {
-  return enqueue({.op = CollectiveOp::kBarrier, .input = {.dtype = DType::kInt32}});
+Work ProcessGroup::barrier(Launch launch) {
+  return enqueue({.op = CollectiveOp::kBarrier, .input = {.dtype = DType::kInt32}}, launch);
 }
 
 Work ProcessGroup::send(BufferRef buffer, int dst, int tag) {
@@ -157,7 +160,7 @@ Work ProcessGroup::recv(BufferRef buffer, int src, int tag) {
   return enqueue({.op = CollectiveOp::kRecv, .input = buffer, .peer = src, .tag = tag});
 }
 
-Work ProcessGroup::enqueue(Collective c) {
+Work ProcessGroup::enqueue(Collective c, Launch launch) {
   const char* name = collective_op_name(c.op);
   const int n = context_.size;
   RT_CHECK(c.input.data != nullptr || c.input.count == 0, name, ": null buffer with count ",
@@ -207,11 +210,13 @@ Work ProcessGroup::enqueue(Collective c) {
         return describe_collective(c, backend, rank, size);
       });
   Work work(pending.state);
-  // Fast path (see kInlineBytes): a small host collective on an idle group runs
-  // right here, saving the two thread hand-offs that dominate its latency. Order is
-  // kept: nothing is queued or running, and the comm thread waits while busy_.
+  // Fast path (see Launch::kBlocking and kInlineBytes): a host collective the caller
+  // waits for anyway, or a small one, on an idle group runs right here, saving the
+  // two thread hand-offs. Order is kept: nothing is queued or running, and the comm
+  // thread waits while busy_.
   const size_t bytes = std::max(c.input.nbytes(), uses_output(c.op) ? c.output.nbytes() : 0);
-  if (!on_device && bytes <= kInlineBytes && queue_.empty() && !busy_) {
+  const bool inline_worth_it = launch == Launch::kBlocking || bytes <= kInlineBytes;
+  if (!on_device && inline_worth_it && queue_.empty() && !busy_) {
     busy_ = true;
     lock.unlock();
     execute(pending);
@@ -220,11 +225,13 @@ Work ProcessGroup::enqueue(Collective c) {
     // wake the comm thread only if work was queued meanwhile: a needless wake-up
     // costs a context switch on a core the peer rank may be spinning on
     if (!queue_.empty() || stopping_) queue_changed_.notify_all();
-    return work;
+  } else {
+    queue_.push_back(std::move(pending));
+    queued_.fetch_add(1, std::memory_order_release);
+    queue_changed_.notify_all();
   }
-  queue_.push_back(std::move(pending));
-  queued_.fetch_add(1, std::memory_order_release);
-  queue_changed_.notify_all();
+  lock.unlock();
+  if (launch == Launch::kBlocking) work.wait();  // completed already if it ran inline; rethrows
   return work;
 }
 

@@ -43,6 +43,19 @@ namespace ringtrain::comm {
 
 class SymmetricBuffer;
 
+// How a collective is launched (torch.distributed's async_op).
+enum class Launch {
+  // Queue it on the comm thread and return at once; Work::wait() later. What DDP
+  // does, so that allreduce runs while backward goes on.
+  kAsync,
+  // Return once it has completed, rethrowing its error (like MPI_Allreduce, or
+  // torch's async_op=False). On an idle group it runs on the calling thread: no
+  // hand-off to the comm thread and back (a futex wake-up each, and the buffer
+  // crossing to another core's cache), which at 1 MiB is 10-40 us of ~140 on the
+  // 2-core VM (docs/collective-benchmark.md). Behind queued work it queues and waits.
+  kBlocking,
+};
+
 struct ProcessGroupOptions {
   // Per-collective timeout, counted from when the collective starts running.
   // RINGTRAIN_TIMEOUT_SEC overrides the default at init_process_group.
@@ -75,8 +88,8 @@ struct GroupContext {
 class ProcessGroup {
  public:
   // Host collectives up to this size issued while the group is idle run on the
-  // calling thread (the Work comes back completed): for them the hand-off to the
-  // comm thread and back costs more than the collective itself.
+  // calling thread even when launched kAsync (the Work comes back completed): for
+  // them the hand-off to the comm thread and back costs more than the collective.
   static constexpr size_t kInlineBytes = 32 << 10;
 
   virtual ~ProcessGroup();
@@ -90,19 +103,22 @@ class ProcessGroup {
   Store& store() { return *context_.store; }
 
   // In place: every rank ends with op(all ranks' buffers). kAvg divides by size().
-  Work allreduce(BufferRef buffer, ReduceOp op = ReduceOp::kSum);
+  // Every collective takes a trailing Launch (default kAsync; see Launch).
+  Work allreduce(BufferRef buffer, ReduceOp op = ReduceOp::kSum, Launch launch = Launch::kAsync);
   // In place: every rank ends with root's buffer.
-  Work broadcast(BufferRef buffer, int root);
+  Work broadcast(BufferRef buffer, int root, Launch launch = Launch::kAsync);
   // In place: root ends with op(all buffers); other ranks' buffers are scratch afterwards.
-  Work reduce(BufferRef buffer, int root, ReduceOp op = ReduceOp::kSum);
+  Work reduce(BufferRef buffer, int root, ReduceOp op = ReduceOp::kSum,
+              Launch launch = Launch::kAsync);
   // output.count == size() * input.count; output holds rank 0's input, then rank 1's, ...
-  Work allgather(BufferRef input, BufferRef output);
+  Work allgather(BufferRef input, BufferRef output, Launch launch = Launch::kAsync);
   // input.count == size() * output.count; rank r gets op over ranks of input block r.
-  Work reduce_scatter(BufferRef input, BufferRef output, ReduceOp op = ReduceOp::kSum);
+  Work reduce_scatter(BufferRef input, BufferRef output, ReduceOp op = ReduceOp::kSum,
+                      Launch launch = Launch::kAsync);
   // input and output hold size() equal blocks; block j of input goes to rank j, and
   // block i of output came from rank i.
-  Work all_to_all(BufferRef input, BufferRef output);
-  Work barrier();
+  Work all_to_all(BufferRef input, BufferRef output, Launch launch = Launch::kAsync);
+  Work barrier(Launch launch = Launch::kAsync);
   // Point to point. Executed in issue order on the comm thread like collectives: a
   // pair that both send first can deadlock on large messages; order them.
   Work send(BufferRef buffer, int dst, int tag = 0);
@@ -166,7 +182,7 @@ class ProcessGroup {
     std::shared_ptr<void> ready_event;  // cuda::Event recorded on the caller's stream
   };
 
-  Work enqueue(Collective collective);
+  Work enqueue(Collective collective, Launch launch = Launch::kAsync);
   void worker_loop();
   void execute(Pending& pending);
   void run_staged(const Collective& collective, Deadline deadline);

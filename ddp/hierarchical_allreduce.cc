@@ -42,7 +42,6 @@ comm::Work HierarchicalAllreduce::allreduce_sum(comm::BufferRef buffer) {
 }
 
 void HierarchicalAllreduce::worker_loop() {
-  const auto timeout = world_->options().timeout;
   while (true) {
     Job job;
     {
@@ -52,13 +51,16 @@ void HierarchicalAllreduce::worker_loop() {
       job = std::move(queue_.front());
       queue_.pop_front();
     }
+    // Each step waits for the previous one, so each is launched kBlocking: the
+    // sub-groups serve only this thread, are idle, and run the step right here
+    // instead of handing it to their comm threads and back.
     try {
       // step 1: reduce inside the node onto its leader
-      intra_->reduce(job.buffer, 0, comm::ReduceOp::kSum).wait(timeout);
+      intra_->reduce(job.buffer, 0, comm::ReduceOp::kSum, comm::Launch::kBlocking);
       // step 2: allreduce across nodes, leaders only
-      if (inter_) inter_->allreduce(job.buffer, comm::ReduceOp::kSum).wait(timeout);
+      if (inter_) inter_->allreduce(job.buffer, comm::ReduceOp::kSum, comm::Launch::kBlocking);
       // step 3: the leader hands the total to its node
-      intra_->broadcast(job.buffer, 0).wait(timeout);
+      intra_->broadcast(job.buffer, 0, comm::Launch::kBlocking);
       job.state->mark_completed();
     } catch (...) {
       job.state->mark_failed(std::current_exception());

@@ -346,6 +346,48 @@ TEST(Work, WaitWithTimeoutThrowsThenSucceeds) {
   g_pg->barrier().wait();
 }
 
+// Launch::kBlocking returns with the collective done, also for a buffer far above
+// kInlineBytes (which an async launch hands to the comm thread).
+TEST(Launch, BlockingReturnsCompleted) {
+  const int n = g_pg->size();
+  std::vector<float> x(300001);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(value(g_pg->rank(), i, 8));
+  Work work = g_pg->allreduce({x.data(), x.size(), DType::kFloat32}, ReduceOp::kSum, Launch::kBlocking);
+  EXPECT_TRUE(work.is_completed());
+  Checker checker{"blocking allreduce"};
+  for (size_t i = 0; i < x.size(); i += 997) {
+    checker.check(x[i], reference(ReduceOp::kSum, DType::kFloat32, n, i, 8), 0, i);
+  }
+  // every other collective takes the same argument
+  std::vector<int64_t> gathered(n), mine{g_pg->rank()};
+  Work gather = g_pg->allgather({mine.data(), 1, DType::kInt64}, {gathered.data(), gathered.size(), DType::kInt64},
+                                Launch::kBlocking);
+  EXPECT_TRUE(gather.is_completed());
+  for (int r = 0; r < n; ++r) EXPECT_EQ(gathered[r], r);
+  EXPECT_TRUE(g_pg->barrier(Launch::kBlocking).is_completed());
+}
+
+// Behind queued async work a blocking call queues too (order is what makes the
+// ranks agree) and returns when it and everything before it are done.
+TEST(Launch, BlockingBehindQueuedWorkKeepsOrder) {
+  const int n = g_pg->size();
+  std::vector<std::vector<double>> buffers(4, std::vector<double>(100000));
+  std::vector<Work> works;
+  for (size_t b = 0; b < buffers.size(); ++b) {
+    std::fill(buffers[b].begin(), buffers[b].end(), static_cast<double>(b + g_pg->rank()));
+    works.push_back(g_pg->allreduce({buffers[b].data(), buffers[b].size(), DType::kFloat64}));
+  }
+  std::vector<double> last(100000, 1.0);
+  Work blocking = g_pg->allreduce({last.data(), last.size(), DType::kFloat64}, ReduceOp::kSum,
+                                  Launch::kBlocking);
+  EXPECT_TRUE(blocking.is_completed());
+  EXPECT_EQ(last.back(), static_cast<double>(n));
+  for (size_t b = 0; b < buffers.size(); ++b) {
+    EXPECT_TRUE(works[b].is_completed()) << "async allreduce " << b << " queued before the blocking one";
+    EXPECT_EQ(buffers[b].back(), static_cast<double>(n * b + n * (n - 1) / 2));
+  }
+}
+
 TEST(SubGroups, SplitByParityWithReversedKeys) {
   const int r = g_pg->rank();
   // color = parity, key = -rank: the new ranks run in reverse order of the old ones

@@ -4,7 +4,9 @@
 //
 //   comm_worker --mode check      init, allreduce + sub-group check, print "ok"
 //   comm_worker --mode kill       rank --victim SIGKILLs itself in the middle of a 16 MiB allreduce
-//                                 (--symmetric: of a symmetric buffer, the direct path)
+//                                 (--symmetric: of a symmetric buffer, the direct path;
+//                                 --blocking: launched Launch::kBlocking, so it runs on
+//                                 the main thread and the failure is thrown by the call)
 //   comm_worker --mode throw      rank --victim throws an uncaught exception between allreduces
 //   comm_worker --mode mismatch   rank --victim issues a broadcast where the others allreduce
 //                                 (run with RINGTRAIN_DEBUG_COLLECTIVES=1)
@@ -31,7 +33,9 @@ int main(int argc, char** argv) {
   std::string init_method = "auto";
   int victim = 1;
   bool symmetric = false;
+  bool blocking = false;
   app.add_flag("--symmetric", symmetric, "kill/throw/mismatch: allreduce a symmetric buffer");
+  app.add_flag("--blocking", blocking, "kill/throw/mismatch: launch the allreduces Launch::kBlocking");
   app.add_option("--mode", mode)->check(CLI::IsMember({"check", "kill", "throw", "mismatch"}));
   app.add_option("--backend", backend);
   app.add_option("--init", init_method);
@@ -88,7 +92,9 @@ int main(int argc, char** argv) {
           continue;
         }
       }
-      pg->allreduce({data.data(), data.size(), DType::kFloat32}).wait();
+      pg->allreduce({data.data(), data.size(), DType::kFloat32}, ReduceOp::kSum,
+                    blocking ? Launch::kBlocking : Launch::kAsync)
+          .wait();
     }
   } catch (const std::exception& e) {
     // the injected exception must stay uncaught: that is what the test is about
