@@ -199,7 +199,8 @@ void PeerMesh::recv(int peer, void* dst, size_t nbytes, Deadline deadline) {
 }
 
 void PeerMesh::exchange(int send_peer, const void* send_data, size_t send_bytes, int recv_peer,
-                        size_t recv_bytes, const RecvSink& sink, Deadline deadline) {
+                        size_t recv_bytes, const RecvSink& sink, Deadline deadline,
+                        FollowUp* follow_up) {
   if (send_peer < 0) send_bytes = 0;
   if (recv_peer < 0) recv_bytes = 0;
   const char* out = static_cast<const char*>(send_data);
@@ -214,6 +215,16 @@ void PeerMesh::exchange(int send_peer, const void* send_data, size_t send_bytes,
       try {
         size_t n = peers_[send_peer].transport->try_send(out + sent, send_bytes - sent);
         sent += n;
+        progress |= n > 0;
+      } catch (const SocketClosed& e) {
+        lost(send_peer, e.what());
+      }
+    } else if (follow_up && send_peer >= 0 && follow_up->sent < follow_up->ready) {
+      // the first message is out: stream what the sink has finished of the second
+      try {
+        size_t n = peers_[send_peer].transport->try_send(follow_up->data + follow_up->sent,
+                                                         follow_up->ready - follow_up->sent);
+        follow_up->sent += n;
         progress |= n > 0;
       } catch (const SocketClosed& e) {
         lost(send_peer, e.what());

@@ -70,11 +70,16 @@ size_t ring_latency_threshold_bytes();
 // Reduce-scatter over n blocks laid out by `layout`: this rank's contribution is
 // read from `src`, partial sums accumulate in `acc` (acc may equal src). With
 // shift s, rank r ends holding the full reduction of block (r + 1 + s) mod n in acc.
+// forward_result (allreduce): data = that block; each piece of it is averaged
+// (kAvg) and streamed to the next rank as soon as it is final.
 void ring_reduce_scatter_blocks(RingArgs& args, const char* src, char* acc,
-                                const ChunkLayout& layout, int shift);
+                                const ChunkLayout& layout, int shift,
+                                PeerMesh::FollowUp* forward_result = nullptr);
 // Allgather over n blocks of `data`: rank r starts holding block (r + 1 + s) mod n
 // (what ring_reduce_scatter_blocks left there) and ends holding all of them.
-void ring_allgather_blocks(RingArgs& args, char* data, const ChunkLayout& layout, int shift);
+// first_bytes_sent: how much of this rank's block went out already (forward_result.sent).
+void ring_allgather_blocks(RingArgs& args, char* data, const ChunkLayout& layout, int shift,
+                           size_t first_bytes_sent = 0);
 
 void ring_broadcast(RingArgs& args, void* data, size_t nbytes, int root);
 void ring_reduce(RingArgs& args, void* data, size_t count, int root);

@@ -24,8 +24,10 @@
 // Pipelining. Each step is one PeerMesh::exchange, which streams the chunk in
 // transport-sized pieces (a shared-memory slot, a TCP staging buffer): while the
 // sender copies piece k+1 in, the receiver already reduces piece k straight out
-// of the shared slot. So within a step, copy, transfer and reduction overlap; the
-// steps themselves follow each other.
+// of the shared slot. So within a step, copy, transfer and reduction overlap. The
+// two phases overlap too: the last reduce-scatter step forwards each finished
+// piece at once (a FollowUp), so next starts the allgather while we still reduce,
+// and the piece is copied out while it is still in this core's cache.
 //
 // Where it sits. DDP's Reducer -> ProcessGroup::allreduce (queues) -> comm thread
 // -> RingProcessGroup::run -> ring_allreduce -> PeerMesh::exchange -> ShmTransport
@@ -48,7 +50,8 @@ size_t ring_latency_threshold_bytes() {
 }
 
 void ring_reduce_scatter_blocks(RingArgs& args, const char* src, char* acc,
-                                const ChunkLayout& layout, int shift) {
+                                const ChunkLayout& layout, int shift,
+                                PeerMesh::FollowUp* forward_result) {
   const int n = args.size();
   const int r = args.rank();
   const int next = ring_mod(r + 1, n);
@@ -57,12 +60,16 @@ void ring_reduce_scatter_blocks(RingArgs& args, const char* src, char* acc,
   for (int step = 0; step < n - 1; ++step) {
     const int send_chunk = ring_mod(r - step + shift, n);
     const int recv_chunk = ring_mod(r - step - 1 + shift, n);
+    const bool last_step = step == n - 2;
     // step 0: push our own contribution of send_chunk to next;
     // steps 1..p-2: forward the chunk we reduced in the previous step.
     const char* send_from = (step == 0 ? src : acc) + layout.offset(send_chunk);
     // meanwhile: receive prev's partial sum of recv_chunk and reduce our contribution into it
     const char* mine = src + layout.offset(recv_chunk);
     char* into = acc + layout.offset(recv_chunk);
+    // In the last step every reduced piece is final; with forward_result it is
+    // averaged (kAvg) and handed straight on to next as the allgather's first message.
+    PeerMesh::FollowUp* forward = last_step ? forward_result : nullptr;
     args.mesh.exchange(
         next, send_from, layout.bytes(send_chunk), prev, layout.bytes(recv_chunk),
         [&](const void* piece, size_t offset, size_t nbytes) {
@@ -71,13 +78,20 @@ void ring_reduce_scatter_blocks(RingArgs& args, const char* src, char* acc,
           } else {
             reduce_into3(into + offset, mine + offset, piece, nbytes / element, args.dtype, args.op);
           }
+          if (forward) {
+            if (args.op == ReduceOp::kAvg) {
+              scale_for_average(into + offset, nbytes / element, args.dtype, n);
+            }
+            forward->ready = offset + nbytes;
+          }
         },
-        args.deadline);
+        args.deadline, forward);
   }
   // step p-1 is done: acc's chunk (r + 1 + shift) mod p now holds the reduction of all p ranks
 }
 
-void ring_allgather_blocks(RingArgs& args, char* data, const ChunkLayout& layout, int shift) {
+void ring_allgather_blocks(RingArgs& args, char* data, const ChunkLayout& layout, int shift,
+                           size_t first_bytes_sent) {
   const int n = args.size();
   const int r = args.rank();
   const int next = ring_mod(r + 1, n);
@@ -88,8 +102,10 @@ void ring_allgather_blocks(RingArgs& args, char* data, const ChunkLayout& layout
     // step 0: push the chunk we own to next; steps 1..p-2: forward the one just received.
     // meanwhile: copy the finished chunk coming from prev into place
     char* into = data + layout.offset(recv_chunk);
+    // (step 0: the reduce-scatter may have sent the head of our chunk already)
+    const size_t skip = step == 0 ? first_bytes_sent : 0;
     args.mesh.exchange(
-        next, data + layout.offset(send_chunk), layout.bytes(send_chunk), prev,
+        next, data + layout.offset(send_chunk) + skip, layout.bytes(send_chunk) - skip, prev,
         layout.bytes(recv_chunk),
         [into](const void* piece, size_t offset, size_t nbytes) {
           copy_bytes(into + offset, piece, nbytes);
@@ -103,15 +119,16 @@ void ring_allreduce(RingArgs& args, void* data, size_t count) {
   if (n == 1 || count == 0) return;
   char* buffer = static_cast<char*>(data);
   ChunkLayout chunks(count, n, args.element_bytes());
-  // Phase 1, reduce-scatter: p-1 steps of "receive, reduce, forward".
-  ring_reduce_scatter_blocks(args, buffer, buffer, chunks, /*shift=*/0);
-  // Between the phases: the chunk this rank owns is final; an average divides it here.
+  // Phase 1, reduce-scatter: p-1 steps of "receive, reduce, forward". In its last
+  // step each piece of the chunk this rank owns is final the moment it is reduced
+  // (and averaged, for kAvg); it goes on to next at once, the head of phase 2's
+  // first message, while the rest is still arriving (NCCL's recvReduceCopySend).
   const int owned = ring_mod(args.rank() + 1, n);
-  if (args.op == ReduceOp::kAvg) {
-    scale_for_average(buffer + chunks.offset(owned), chunks.elements(owned), args.dtype, n);
-  }
-  // Phase 2, allgather: p-1 steps of "receive, copy, forward".
-  ring_allgather_blocks(args, buffer, chunks, /*shift=*/0);
+  PeerMesh::FollowUp forward{.data = buffer + chunks.offset(owned)};
+  ring_reduce_scatter_blocks(args, buffer, buffer, chunks, /*shift=*/0, &forward);
+  // Phase 2, allgather: p-1 steps of "receive, copy, forward"; step 0 sends what
+  // the reduce-scatter could not forward yet.
+  ring_allgather_blocks(args, buffer, chunks, /*shift=*/0, forward.sent);
 }
 
 // Recursive doubling: in round k every rank swaps its whole buffer with the rank

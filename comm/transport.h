@@ -92,11 +92,25 @@ class PeerMesh {
   int size() const { return size_; }
   int world_rank(int peer) const { return peers_.at(peer).world_rank; }
 
+  // A second message for send_peer that exchange() starts streaming right behind the
+  // first while the sink is still producing it: bytes [0, ready) of data may go,
+  // and the sink advances ready. exchange() returns when its own two messages are
+  // done; `sent` says how much of the follow-up went with them, and the caller
+  // sends the rest. The ring allreduce forwards each piece of its reduce-scatter
+  // result this way the moment it is reduced (ring_allreduce.cc).
+  struct FollowUp {
+    const char* data = nullptr;
+    size_t ready = 0;  // advanced by the sink
+    size_t sent = 0;   // advanced by exchange()
+  };
+
   // Sends send_bytes to send_peer while receiving recv_bytes from recv_peer into
-  // sink. A peer of -1 (or 0 bytes) means that half is idle. Throws PeerLostError
-  // (naming the world rank) or CommTimeoutError.
+  // sink (and, with follow_up, streams what is ready of it to send_peer once
+  // send_data is out). A peer of -1 (or 0 bytes) means that half is idle. Throws
+  // PeerLostError (naming the world rank) or CommTimeoutError.
   void exchange(int send_peer, const void* send_data, size_t send_bytes, int recv_peer,
-                size_t recv_bytes, const RecvSink& sink, Deadline deadline);
+                size_t recv_bytes, const RecvSink& sink, Deadline deadline,
+                FollowUp* follow_up = nullptr);
   void send(int peer, const void* data, size_t nbytes, Deadline deadline) {
     exchange(peer, data, nbytes, -1, 0, nullptr, deadline);
   }
