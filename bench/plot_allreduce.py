@@ -25,11 +25,12 @@ def main():
         rows = s["rows"]
         sizes = [r["bytes"] for r in rows]
         buffers = s.get("buffers", "private")
+        launch = s.get("launch", "async")  # sweeps written before --launch were async
         ax.plot(sizes, [r["busbw"] for r in rows], next(markers) + "-",
-                label=f"ringtrain {s['backend']}, {buffers} buffers")
+                label=f"ringtrain {s['backend']}, {buffers} buffers, {launch}")
         if "mpi_busbw" in rows[0]:
             ax.plot(sizes, [r["mpi_busbw"] for r in rows], "s--", alpha=0.7,
-                    label=f"MPI_Allreduce (Open MPI 4.1.4), {buffers} buffers' run")
+                    label=f"MPI_Allreduce (Open MPI 4.1.4), same run ({buffers}, {launch})")
     ax.axhline(sweep["memcpy_gbps"], color="gray", ls="--", label=f"memcpy {sweep['memcpy_gbps']:.2f} GB/s")
     ax.axhline(sweep["memcpy_gbps"] / 2, color="gray", ls=":", label="memcpy / 2 (target)")
     ax.set_xscale("log", base=2)
