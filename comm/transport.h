@@ -59,12 +59,13 @@ std::unique_ptr<Transport> make_tcp_transport(const Socket& socket);
 // slots per local sender. See shm_transport.cc.
 class ShmSegment;
 struct ShmLayout {
-  // 128 KiB x 16 (2 MiB per channel): on the 2-core EPYC VM, 2 ranks, after the
-  // copies moved from memcpy to copy_bytes (reduce.h), the best of 64 KiB x 32,
-  // 128 KiB x 16, 256 KiB x 8 and 512 KiB x 8 from 512 KiB to 64 MiB
+  // 128 KiB x 8 (1 MiB per channel): on the 2-core EPYC VM, 2 ranks, 128 KiB
+  // slots were the best of 64, 128, 256 and 512 KiB; 8 of them against 16 ran
+  // 6-12% faster at 16-32 MiB and the same elsewhere in three alternating sweeps
+  // (the inbox stays in cache), with half the shared memory
   // (docs/collective-benchmark.md).
   size_t slot_bytes = 128 << 10;  // multiple of 64; RINGTRAIN_SHM_SLOT_BYTES
-  int slots = 16;                 // RINGTRAIN_SHM_SLOTS
+  int slots = 8;                  // RINGTRAIN_SHM_SLOTS
   int channels = 1;               // local ranks (one channel per local sender)
   size_t channel_bytes() const;
   size_t segment_bytes() const { return channel_bytes() * channels; }
