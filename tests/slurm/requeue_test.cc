@@ -3,6 +3,7 @@
 #include "slurm/requeue.h"
 
 #include <gtest/gtest.h>
+
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -10,6 +11,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <thread>
 
@@ -119,9 +121,21 @@ int free_port() {
   return port;
 }
 
-// Two real processes on the ring backend: only rank 1 gets the signal, both must
-// decide to requeue at the same poll; the poll before the signal says continue on both.
-TEST(RequeueCoordinator, TwoRanksAgreeWhenOnlyOneWasSignalled) {
+// Rank `rank` of a 2-rank ring group rendezvousing at 127.0.0.1:port.
+std::shared_ptr<comm::ProcessGroup> join_two_rank_group(int rank, int port) {
+  comm::InitOptions options;
+  options.init_method = "tcp://127.0.0.1:" + std::to_string(port);
+  options.rank = rank;
+  options.world_size = 2;
+  options.rendezvous_timeout = std::chrono::seconds(30);
+  options.group.timeout = std::chrono::seconds(30);
+  return comm::init_process_group(options);
+}
+
+// Forks two real processes, each running rank_body(rank, port) and exiting with the
+// code it returns (20 if it throws); every rank must exit 0. `codes` explains the
+// body's non-zero codes in the failure message.
+void run_two_ranks(const std::function<int(int rank, int port)>& rank_body, const char* codes) {
   const int port = free_port();
   pid_t children[2];
   for (int rank = 0; rank < 2; ++rank) {
@@ -130,21 +144,7 @@ TEST(RequeueCoordinator, TwoRanksAgreeWhenOnlyOneWasSignalled) {
     if (pid == 0) {
       int code = 0;
       try {
-        comm::InitOptions options;
-        options.init_method = "tcp://127.0.0.1:" + std::to_string(port);
-        options.rank = rank;
-        options.world_size = 2;
-        options.rendezvous_timeout = std::chrono::seconds(30);
-        options.group.timeout = std::chrono::seconds(30);
-        auto group = comm::init_process_group(options);
-        SignalWatcher watcher;
-        RequeueCoordinator coordinator(watcher, group);
-        if (coordinator.poll() != RequeueDecision::kContinue) code = 10;
-        if (rank == 1) raise(SIGUSR1);
-        if (coordinator.poll() != RequeueDecision::kCheckpointAndRequeue) code = 11;
-        if (rank == 0) raise(SIGTERM);
-        if (coordinator.poll() != RequeueDecision::kCheckpointAndExit) code = 12;
-        group->barrier().wait();
+        code = rank_body(rank, port);
       } catch (const std::exception& e) {
         fprintf(stderr, "rank %d: %s\n", rank, e.what());
         code = 20;
@@ -157,30 +157,39 @@ TEST(RequeueCoordinator, TwoRanksAgreeWhenOnlyOneWasSignalled) {
     int status = 0;
     ASSERT_EQ(waitpid(children[rank], &status, 0), children[rank]);
     ASSERT_TRUE(WIFEXITED(status)) << "rank " << rank << " died";
-    EXPECT_EQ(WEXITSTATUS(status), 0) << "rank " << rank << " (10/11/12: wrong decision at poll 1/2/3)";
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "rank " << rank << " (20: exception; " << codes << ")";
   }
+}
+
+// Two real processes on the ring backend: only rank 1 gets the signal, both must
+// decide to requeue at the same poll; the poll before the signal says continue on both.
+TEST(RequeueCoordinator, TwoRanksAgreeWhenOnlyOneWasSignalled) {
+  run_two_ranks(
+      [](int rank, int port) {
+        int code = 0;
+        auto group = join_two_rank_group(rank, port);
+        SignalWatcher watcher;
+        RequeueCoordinator coordinator(watcher, group);
+        if (coordinator.poll() != RequeueDecision::kContinue) code = 10;
+        if (rank == 1) raise(SIGUSR1);
+        if (coordinator.poll() != RequeueDecision::kCheckpointAndRequeue) code = 11;
+        if (rank == 0) raise(SIGTERM);
+        if (coordinator.poll() != RequeueDecision::kCheckpointAndExit) code = 12;
+        group->barrier().wait();
+        return code;
+      },
+      "10/11/12: wrong decision at poll 1/2/3");
 }
 
 // The walltime signal arrives while collectives are in flight, at any thread of the
 // process (kill(getpid()) is process-directed). With the watcher installed the
 // collectives must neither fail nor compute wrong results: comm retries on EINTR.
 TEST(RequeueCoordinator, CollectivesSurviveASignalStorm) {
-  const int port = free_port();
-  pid_t children[2];
-  for (int rank = 0; rank < 2; ++rank) {
-    pid_t pid = fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      int code = 0;
-      try {
+  run_two_ranks(
+      [](int rank, int port) {
+        int code = 0;
         SignalWatcher watcher;  // before any comm thread exists, as in the Trainer
-        comm::InitOptions options;
-        options.init_method = "tcp://127.0.0.1:" + std::to_string(port);
-        options.rank = rank;
-        options.world_size = 2;
-        options.rendezvous_timeout = std::chrono::seconds(30);
-        options.group.timeout = std::chrono::seconds(30);
-        auto group = comm::init_process_group(options);
+        auto group = join_two_rank_group(rank, port);
         std::atomic<bool> stop{false};
         std::thread storm([&] {
           while (!stop.load()) {
@@ -200,20 +209,9 @@ TEST(RequeueCoordinator, CollectivesSurviveASignalStorm) {
         if (coordinator.poll() != RequeueDecision::kCheckpointAndRequeue) code = 31;
         if (watcher.signal_count() < 10) code = 32;  // the storm really hit us
         group->barrier().wait();
-      } catch (const std::exception& e) {
-        fprintf(stderr, "rank %d: %s\n", rank, e.what());
-        code = 20;
-      }
-      _exit(code);
-    }
-    children[rank] = pid;
-  }
-  for (int rank = 0; rank < 2; ++rank) {
-    int status = 0;
-    ASSERT_EQ(waitpid(children[rank], &status, 0), children[rank]);
-    ASSERT_TRUE(WIFEXITED(status)) << "rank " << rank << " died";
-    EXPECT_EQ(WEXITSTATUS(status), 0) << "rank " << rank << " (20: comm error, 30: wrong sum, 31/32: flag)";
-  }
+        return code;
+      },
+      "30: wrong sum, 31/32: flag");
 }
 
 // A fake scontrol: records its arguments, prints `output`, exits with `code`.
