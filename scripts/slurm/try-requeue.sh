@@ -9,6 +9,7 @@
 # start-local-cluster.sh and SLURM_CONF set. No ringtrain code involved: this is the
 # mechanism ringtrain's RequeueCoordinator builds on.
 set -euo pipefail
+source "$(dirname "$0")/job_state.sh"
 : "${SLURM_CONF:=${RINGTRAIN_SLURM_DIR:-/tmp/ringtrain-slurm}/slurm.conf}"
 export SLURM_CONF
 WORK="$(mktemp -d /tmp/ringtrain-try-requeue.XXXXXX)"
@@ -21,12 +22,9 @@ srun bash -c 'trap "echo \$(date +%T) got USR1; scontrol requeue \$SLURM_JOB_ID;
 JOB
 JOB="$(sbatch --parsable --output="$WORK/job.out" "$WORK/job.sbatch")"
 echo "$(date +%T) submitted job $JOB; waiting for it to be signalled, requeued and restarted (about a minute)"
-for _ in $(seq 1 150); do
-  state="$(scontrol show job "$JOB" -o | grep -o 'JobState=[A-Z_]*' | cut -d= -f2)"
-  restarts="$(scontrol show job "$JOB" -o | grep -o 'Restarts=[0-9]*' | cut -d= -f2)"
-  [[ "$state" == COMPLETED && "${restarts:-0}" -ge 1 ]] && break
-  sleep 1
-done
+slurm_wait_job "$JOB" 150
+state="$JOB_STATE"
+restarts="$(slurm_job_field "$JOB" Restarts)"
 cat "$WORK/job.out"
 echo "final: JobState=$state Restarts=$restarts (log: $WORK/job.out)"
 [[ "$state" == COMPLETED && "${restarts:-0}" -ge 1 ]]

@@ -7,6 +7,7 @@
 # the job came back with SLURM_RESTART_COUNT=1, resumed at the checkpointed step
 # (no step lost, none repeated), and finished. Prints the timings it saw.
 set -euo pipefail
+source "$(dirname "$0")/../../scripts/slurm/job_state.sh"
 BIN="$1"
 WORK="$(mktemp -d /tmp/ringtrain-requeue.XXXXXX)"
 trap 'if [[ -n "${JOB:-}" ]]; then scancel "$JOB" 2>/dev/null || true; fi' EXIT
@@ -27,13 +28,8 @@ SBATCH
 t0=$(date +%s)
 JOB="$(sbatch --parsable "$WORK/job.sbatch")"
 echo "submitted job $JOB (work dir $WORK)"
-deadline=$((t0 + ${RINGTRAIN_REQUEUE_TEST_TIMEOUT:-240}))
-state=""
-while (( $(date +%s) < deadline )); do
-  state="$(scontrol show job "$JOB" -o 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2 || true)"
-  [[ "$state" == COMPLETED || "$state" == FAILED || "$state" == CANCELLED || "$state" == TIMEOUT ]] && break
-  sleep 2
-done
+slurm_wait_job "$JOB" "${RINGTRAIN_REQUEUE_TEST_TIMEOUT:-240}"
+state="$JOB_STATE"
 t1=$(date +%s)
 echo "---- job.out ----"; cat "$WORK/job.out" || true; echo "-----------------"
 echo "final state: $state after $((t1 - t0)) s"

@@ -9,6 +9,7 @@
 # ringtrain-grid submits a 2-run grid with the same program and the ids it
 # reports must be the jobs that ran and completed.
 set -euo pipefail
+source "$(dirname "$0")/../../scripts/slurm/job_state.sh"
 CHECK="$1"; GRID="$2"
 TEMPLATES="$(cd "$(dirname "$0")/../../scripts/slurm/templates" && pwd)"
 WORK="$(mktemp -d /tmp/ringtrain-templates.XXXXXX)"
@@ -31,11 +32,8 @@ cat "$WORK/grid.txt"
 ids=( $(awk '/^job /{print $2}' "$WORK/grid.txt") )
 [[ ${#ids[@]} -eq 2 ]] || fail "ringtrain-grid reported ${#ids[@]} job ids, expected 2"
 for id in "${ids[@]}"; do
-  for _ in $(seq 1 60); do
-    state="$(scontrol show job "$id" -o | grep -o 'JobState=[A-Z_]*' | cut -d= -f2)"
-    [[ "$state" == COMPLETED || "$state" == FAILED || "$state" == CANCELLED ]] && break
-    sleep 1
-  done
+  slurm_wait_job "$id" 60
+  state="$JOB_STATE"
   [[ "$state" == COMPLETED ]] || fail "grid job $id ended $state"
 done
 grep -q "allreduce ok" "$WORK"/grid/000_lr-0.1/slurm-"${ids[0]}".out || fail "grid run 0 log has no allreduce ok"

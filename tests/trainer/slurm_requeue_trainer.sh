@@ -6,6 +6,7 @@
 # accuracy as the same training under ringrun.
 #   slurm_requeue_trainer.sh <ringrun> <digits_ddp>
 set -euo pipefail
+source "$(dirname "$0")/../../scripts/slurm/job_state.sh"
 RINGRUN=$1 DEMO=$2
 WORK="$(mktemp -d /tmp/ringtrain-trainer-requeue.XXXXXX)"
 trap 'if [[ -n "${JOB:-}" ]]; then scancel "$JOB" 2>/dev/null || true; fi' EXIT
@@ -35,15 +36,10 @@ SBATCH
 t0=$(date +%s)
 JOB="$(sbatch --parsable "$WORK/job.sbatch")"
 echo "submitted job $JOB (work dir $WORK)"
-deadline=$((t0 + ${RINGTRAIN_REQUEUE_TEST_TIMEOUT:-400}))
-state=""
-while (( $(date +%s) < deadline )); do
-  state="$(scontrol show job "$JOB" -o 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2 || true)"
-  [[ "$state" == COMPLETED || "$state" == FAILED || "$state" == CANCELLED || "$state" == TIMEOUT ]] && break
-  sleep 2
-done
+slurm_wait_job "$JOB" "${RINGTRAIN_REQUEUE_TEST_TIMEOUT:-400}"
+state="$JOB_STATE"
 echo "---- job.out ----"; cat "$WORK/job.out" || true; echo "-----------------"
-echo "final state: $state after $(( $(date +%s) - t0 )) s"
+echo "final state: $state after $JOB_WAITED s"
 [[ "$state" == COMPLETED ]] || fail "job $JOB ended '$state' (expected COMPLETED)"
 grep -q "requeued job $JOB" "$WORK/job.out" || fail "rank 0 never ran scontrol requeue"
 grep -q "restart 1" "$WORK/job.out" || fail "the job did not come back with SLURM_RESTART_COUNT=1"
