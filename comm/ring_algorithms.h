@@ -66,6 +66,9 @@ void direct_allreduce(RingArgs& args, SymmetricBuffer& buffer, size_t offset, si
 void recursive_doubling_allreduce(RingArgs& args, void* data, size_t count);
 // Below this many bytes allreduce takes the latency path. RINGTRAIN_RING_LATENCY_BYTES.
 size_t ring_latency_threshold_bytes();
+// On shared memory the ring allreduce runs in rounds of p chunks of this many bytes
+// (64 KiB; 0 = one pass over the whole buffer). RINGTRAIN_RING_CHUNK_BYTES.
+size_t ring_chunk_bytes();
 
 // Reduce-scatter over n blocks laid out by `layout`: this rank's contribution is
 // read from `src`, partial sums accumulate in `acc` (acc may equal src). With
