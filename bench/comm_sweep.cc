@@ -125,13 +125,16 @@ int main(int argc, char** argv) {
     mpi_reference = false;
   }
 
-  // ---- memcpy bandwidth, the roof: rank 0 copies 64 MiB while the others wait
-  double memcpy_gbps = 0;
-  {
+  // ---- memcpy bandwidth, the roof: rank 0 copies 64 MiB while the others wait.
+  // Measured before the sweep (the target's roof) and again after it: this VM has
+  // slow phases of seconds to minutes, and a drop between the two says one fell
+  // inside the run.
+  auto measure_memcpy = [&] {
     // 64 MiB whatever the sweep's range: a copy that fits in the last-level cache
     // (32 MiB here) measures the cache, 2-3x the memory's rate on this VM.
     const size_t bytes = 64u << 20;
     std::vector<char> a(bytes, 1), b(bytes, 2);
+    double gbps = 0;
     pg->barrier().wait();
     if (rank == 0) {
       std::vector<double> times;
@@ -140,10 +143,12 @@ int main(int argc, char** argv) {
         std::memcpy(i % 2 ? a.data() : b.data(), i % 2 ? b.data() : a.data(), bytes);
         times.push_back(Seconds(std::chrono::steady_clock::now() - t0).count());
       }
-      memcpy_gbps = bytes / median(times) / 1e9;
+      gbps = bytes / median(times) / 1e9;
     }
     pg->barrier().wait();
-  }
+    return gbps;
+  };
+  const double memcpy_gbps = measure_memcpy();
 
   if (rank == 0) {
     std::printf("# comm_sweep: allreduce, %d ranks, backend %s, init %s, %s buffers, %s launch, warmup %d, iters %d (median; ours and MPI alternate)\n",
@@ -258,7 +263,10 @@ int main(int argc, char** argv) {
     }
   }
 
+  const double memcpy_after_gbps = measure_memcpy();
   if (rank == 0) {
+    std::printf("# memcpy bandwidth after the sweep: %.2f GB/s (before: %.2f)\n", memcpy_after_gbps,
+                memcpy_gbps);
     // The targets, computed from the rows above.
     if (mpi_reference) {
       double min_ratio = 1e9;
@@ -287,7 +295,7 @@ int main(int argc, char** argv) {
     std::printf("# total #wrong: %lld\n", static_cast<long long>(total_wrong));
     if (!json_path.empty()) {
       std::ofstream out(json_path);
-      out << nlohmann::json{{"ranks", n}, {"backend", backend}, {"buffers", buffers}, {"launch", launch_text}, {"memcpy_gbps", memcpy_gbps}, {"rows", rows}}.dump(1);
+      out << nlohmann::json{{"ranks", n}, {"backend", backend}, {"buffers", buffers}, {"launch", launch_text}, {"memcpy_gbps", memcpy_gbps}, {"memcpy_after_gbps", memcpy_after_gbps}, {"rows", rows}}.dump(1);
     }
   }
   symmetric.reset();
