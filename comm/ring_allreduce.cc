@@ -56,12 +56,31 @@
 
 namespace ringtrain::comm {
 
+namespace {
+
+// A byte count from the environment, or fallback when the variable is unset.
+size_t env_bytes(const char* name, size_t fallback) {
+  const char* text = std::getenv(name);
+  if (!text || !*text) return fallback;
+  char* end = nullptr;
+  unsigned long long value = std::strtoull(text, &end, 10);
+  if (*end != '\0' || *text == '-') {
+    throw CommError(detail::concat(name, "='", text, "' is not a byte count; unset it or give ",
+                                   "a whole number such as ", fallback));
+  }
+  return static_cast<size_t>(value);
+}
+
+}  // namespace
+
 size_t ring_latency_threshold_bytes() {
-  static const size_t threshold = [] {
-    const char* text = std::getenv("RINGTRAIN_RING_LATENCY_BYTES");
-    return text && *text ? static_cast<size_t>(std::strtoull(text, nullptr, 10)) : size_t{16384};
-  }();
+  static const size_t threshold = env_bytes("RINGTRAIN_RING_LATENCY_BYTES", 16384);
   return threshold;
+}
+
+size_t ring_chunk_bytes() {
+  static const size_t chunk = env_bytes("RINGTRAIN_RING_CHUNK_BYTES", 65536);
+  return chunk;
 }
 
 void ring_reduce_scatter_blocks(RingArgs& args, const char* src, char* acc,
@@ -127,14 +146,6 @@ void ring_allgather_blocks(RingArgs& args, char* data, const ChunkLayout& layout
         },
         args.deadline);
   }
-}
-
-size_t ring_chunk_bytes() {
-  static const size_t chunk = [] {
-    const char* text = std::getenv("RINGTRAIN_RING_CHUNK_BYTES");
-    return text && *text ? static_cast<size_t>(std::strtoull(text, nullptr, 10)) : size_t{65536};
-  }();
-  return chunk;
 }
 
 namespace {

@@ -33,6 +33,7 @@ class RingProcessGroup final : public ProcessGroup {
         mesh_(store(), this->context().prefix + "/ring", rank(), size(),
               this->context().world_ranks, this->context().token, options().transport,
               Clock::now() + options().timeout) {
+    check_same_algorithm_settings();
     start();
   }
   ~RingProcessGroup() override { stop(); }
@@ -118,6 +119,26 @@ class RingProcessGroup final : public ProcessGroup {
   void close_transports() override { mesh_.close(); }
 
  private:
+  // The ranks must cut every allreduce the same way, or their messages stop
+  // matching mid-collective: rank 0 publishes its settings, the others compare.
+  void check_same_algorithm_settings() {
+    const std::string mine = detail::concat("RINGTRAIN_RING_LATENCY_BYTES=",
+                                            ring_latency_threshold_bytes(),
+                                            " RINGTRAIN_RING_CHUNK_BYTES=", ring_chunk_bytes());
+    const std::string key = context().prefix + "/ring/settings";
+    if (rank() == 0) {
+      store().set(key, mine);
+      return;
+    }
+    const std::string rank0 =
+        store().get(key, std::chrono::duration_cast<std::chrono::milliseconds>(options().timeout));
+    if (rank0 != mine) {
+      throw CommError(detail::concat("ring backend: rank ", context().world_ranks[rank()], " has ",
+                                     mine, " but rank ", context().world_ranks[0], " has ", rank0,
+                                     "; set them the same on every rank (or unset them)"));
+    }
+  }
+
   // The symmetric buffer holding all of `buffer` (host memory), and the offset in it.
   std::pair<std::shared_ptr<SymmetricBuffer>, int64_t> find_symmetric(const BufferRef& buffer) {
     if (!buffer.device.is_cpu()) return {nullptr, -1};
