@@ -39,9 +39,9 @@
 // loop over chunks of nranks x chunkSize. It costs 2(p-1) alpha per round instead
 // of once, which the slots hide: a rank that finishes a round starts sending the
 // next while its neighbour still copies out. Measured on the 2-core VM, 2 ranks,
-// private buffers: 20-30% faster at every size from 512 KiB to 64 MiB
-// (docs/collective-benchmark.md). Between hosts (TCP) the buffer still goes round
-// in one pass: there each exchange also costs a network round trip.
+// private buffers, rounds of 128 KiB: 12-31% less time at every size from 512 KiB
+// to 64 MiB (docs/collective-benchmark.md). Between hosts (TCP) the buffer still
+// goes round in one pass: there each exchange also costs a network round trip.
 //
 // Where it sits. DDP's Reducer -> ProcessGroup::allreduce (queues) -> comm thread
 // -> RingProcessGroup::run -> ring_allreduce -> PeerMesh::exchange -> ShmTransport
