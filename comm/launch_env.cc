@@ -68,6 +68,17 @@ int env_int(const EnvMap& env, const std::string& name, int min, int max, const 
   return static_cast<int>(value);
 }
 
+size_t env_size(const char* name, size_t fallback, size_t min) {
+  const char* text = std::getenv(name);
+  if (!text || !*text) return fallback;
+  long long value = 0;
+  if (!to_int(text, &value) || value < 0 || static_cast<unsigned long long>(value) < min) {
+    throw CommError(detail::concat(name, "='", text, "' is not a whole number >= ", min,
+                                   "; unset it or give one such as ", fallback));
+  }
+  return static_cast<size_t>(value);
+}
+
 std::vector<std::string> expand_nodelist(const std::string& nodelist) {
   std::vector<std::string> hosts;
   auto fail = [&](const std::string& why) {

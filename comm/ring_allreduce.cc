@@ -48,38 +48,21 @@
 // or TcpTransport. kAvg is reduced as a sum; each rank divides the chunk it owns
 // between the two phases, so the division is done once per element, not p times.
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 
+#include "comm/launch_env.h"
 #include "comm/reduce.h"
 #include "comm/ring_algorithms.h"
 
 namespace ringtrain::comm {
 
-namespace {
-
-// A byte count from the environment, or fallback when the variable is unset.
-size_t env_bytes(const char* name, size_t fallback) {
-  const char* text = std::getenv(name);
-  if (!text || !*text) return fallback;
-  char* end = nullptr;
-  unsigned long long value = std::strtoull(text, &end, 10);
-  if (*end != '\0' || *text == '-') {
-    throw CommError(detail::concat(name, "='", text, "' is not a byte count; unset it or give ",
-                                   "a whole number such as ", fallback));
-  }
-  return static_cast<size_t>(value);
-}
-
-}  // namespace
-
 size_t ring_latency_threshold_bytes() {
-  static const size_t threshold = env_bytes("RINGTRAIN_RING_LATENCY_BYTES", 16384);
+  static const size_t threshold = env_size("RINGTRAIN_RING_LATENCY_BYTES", 16384, 0);
   return threshold;
 }
 
 size_t ring_chunk_bytes() {
-  static const size_t chunk = env_bytes("RINGTRAIN_RING_CHUNK_BYTES", 65536);
+  static const size_t chunk = env_size("RINGTRAIN_RING_CHUNK_BYTES", 65536, 0);
   return chunk;
 }
 

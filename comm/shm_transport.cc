@@ -24,8 +24,8 @@
 // (share_shm_segments in shm_segment.h, called by PeerMesh).
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 
+#include "comm/launch_env.h"
 #include "comm/reduce.h"
 #include "comm/shm_segment.h"
 #include "comm/transport.h"
@@ -51,16 +51,6 @@ size_t header_bytes(int slots) {
   return (bytes + 4095) / 4096 * 4096;  // slots start page aligned
 }
 
-size_t env_size(const char* name, size_t fallback) {
-  const char* text = std::getenv(name);
-  if (!text || !*text) return fallback;
-  char* end = nullptr;
-  unsigned long long value = std::strtoull(text, &end, 10);
-  RT_CHECK(end && *end == '\0' && value > 0, name, "='", text,
-           "' is not a positive integer; unset it or give a number");
-  return value;
-}
-
 }  // namespace
 
 size_t ShmLayout::channel_bytes() const {
@@ -69,8 +59,8 @@ size_t ShmLayout::channel_bytes() const {
 
 ShmLayout ShmLayout::from_env(int channels) {
   ShmLayout layout;
-  layout.slot_bytes = env_size("RINGTRAIN_SHM_SLOT_BYTES", layout.slot_bytes);
-  layout.slots = static_cast<int>(env_size("RINGTRAIN_SHM_SLOTS", layout.slots));
+  layout.slot_bytes = env_size("RINGTRAIN_SHM_SLOT_BYTES", layout.slot_bytes, 64);
+  layout.slots = static_cast<int>(env_size("RINGTRAIN_SHM_SLOTS", layout.slots, 1));
   RT_CHECK(layout.slot_bytes % kCacheLine == 0, "RINGTRAIN_SHM_SLOT_BYTES=", layout.slot_bytes,
            " must be a multiple of 64");
   layout.channels = channels;

@@ -2,6 +2,9 @@
 // ringrun/torchrun, srun and mpirun set, and the errors for bad ones.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "comm/launch_env.h"
 #include "comm/reduce.h"
 #include "comm/types.h"
@@ -145,6 +148,25 @@ TEST(Detection, DocumentedOrder) {
   EXPECT_EQ(detect_init_method(env), "env://");
   env["RINGTRAIN_INIT_METHOD"] = "file:///x";  // an explicit choice wins over everything
   EXPECT_EQ(detect_init_method(env), "file:///x");
+}
+
+TEST(EnvSize, FallbackNumberOrAnErrorNamingTheVariable) {
+  const char* kName = "RINGTRAIN_TEST_ENV_SIZE";
+  ::unsetenv(kName);
+  EXPECT_EQ(env_size(kName, 65536, 0), 65536u);
+  ::setenv(kName, "", 1);
+  EXPECT_EQ(env_size(kName, 65536, 0), 65536u);
+  ::setenv(kName, "0", 1);
+  EXPECT_EQ(env_size(kName, 65536, 0), 0u);
+  ::setenv(kName, "4096", 1);
+  EXPECT_EQ(env_size(kName, 65536, 64), 4096u);
+  for (const char* bad : {"64k", "-5", "1e3", "32"}) {
+    ::setenv(kName, bad, 1);
+    EXPECT_EQ(error_of([&] { env_size(kName, 65536, 64); }),
+              std::string(kName) + "='" + bad + "' is not a whole number >= 64; unset it or give "
+              "one such as 65536");
+  }
+  ::unsetenv(kName);
 }
 
 TEST(Reduce, SixteenBitFloatsComputeInFloat) {
