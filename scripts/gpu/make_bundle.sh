@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Packs what a GPU machine needs to run ringtrain's CUDA tests and GPU benchmarks when
+# that machine has the CUDA driver and libraries but none of our build dependencies
+# (Eigen, Open MPI, CLI11, GoogleTest...): the test lists and executables of the build tree, as one
+# xz archive (the CUDA fat binaries in every executable are nearly identical, so the
+# 25 MB executables pack into a few MB), the Open MPI shared libraries the
+# executables load, our libcudart, and the digits dataset the demo trains on.
+#
+#   bash scripts/gpu/make_bundle.sh [build-dir]      -> .gpu/ (ignored by git)
+#   then, on the GPU machine, from the repository root:  bash scripts/gpu/validate.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+build=${1:-build}
+out=.gpu
+rm -rf "$out" && mkdir -p "$out/lib"
+# The build tree's test lists (CTestTestfile.cmake and the GoogleTest lists) and the
+# executables the GPU checks run. Test scripts and CTestTestfile.cmake name absolute
+# paths under $PWD; validate.sh links that path to wherever the repository lands.
+executables=(tests/tensor/tensor_cuda_ops_test tests/tensor/tensor_cuda_runtime_test
+             tests/nn/nn_data_cuda_loader_test tests/comm/comm_collectives_test comm/ringrun
+             tests/ddp/ddp_multirank_test bench/ddp_step
+             bench/bench_tensor_cuda examples/digits_ddp)
+{
+  find "$build" -path '*/consumer-work' -prune -o \( -name CTestTestfile.cmake -o -name '*_include.cmake' \
+       -o -name '*_tests.cmake' \) -print
+  for exe in "${executables[@]}"; do echo "$build/$exe"; done
+} > "$out/files"
+tar -cf - -T "$out/files" | xz -6 -T1 > "$out/build.tar.xz"
+echo "$PWD" > "$out/source_dir"
+echo "$build" > "$out/build_dir"
+# Shared libraries that a CUDA image usually lacks: Google Benchmark, Open MPI and its
+# helpers (every comm executable links libmpi, even when it never calls MPI_Init) and
+# the CUDA runtime this build was linked against. cuBLAS, cuDNN and NCCL are too large to
+# carry; validate.sh finds the GPU machine's own.
+for exe in "$build/tests/comm/comm_collectives_test" "$build/examples/digits_ddp" "$build/bench/bench_tensor_cuda"; do
+  ldd "$exe" | awk '/=> \// {print $3}' | grep -E 'libmpi|libopen-|libhwloc|libevent|libudev|libz\.|libcudart|libbenchmark' || true
+done | sort -u | while read -r lib; do cp -L "$lib" "$out/lib/"; done
+cp /usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz "$out/"  # python3-sklearn
+git rev-parse --short HEAD > "$out/commit"
+du -sh "$out"; ls -la "$out" "$out/lib"

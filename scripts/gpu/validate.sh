@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Runs ringtrain's GPU checks on a machine with an NVIDIA GPU, from the bundle that
+# scripts/gpu/make_bundle.sh made (.gpu/): the `cuda` test label, the kernels under
+# compute-sanitizer, the tensor GPU benchmark, and the digits demo on the GPU with
+# the ring backend (host staging, 2 ranks on one GPU), the nccl backend and mixed
+# precision, and the DDP step benchmark on the GPU. Every step has a time limit; its log goes to ./gpu-logs/NAME.log, and
+# after each step the logs are packed into $OUT/gpu-logs.tgz with $OUT/summary.txt
+# beside it (the device tool brings back few files). A summary table is printed last.
+# Steps to run can be named: validate.sh tests bench (default: env tests bench demo
+# ddp-bench sanitizer).
+#
+# Record what it printed in docs/gpu-validation.md.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+repo=$PWD
+logs=$repo/gpu-logs
+mkdir -p "$logs"
+summary=$logs/summary.txt
+: > "$summary"
+steps=("$@")
+[[ ${#steps[@]} -gt 0 ]] || steps=(env tests bench demo ddp-bench sanitizer)
+
+# ---- unpack: the build tree goes back under the path it was configured at ----
+src=$(cat .gpu/source_dir) build=$(cat .gpu/build_dir)
+if [[ ! -x $build/comm/ringrun ]]; then
+  tar -xJf .gpu/build.tar.xz || { echo "cannot unpack .gpu/build.tar.xz"; exit 1; }
+fi
+if [[ $src != "$repo" ]]; then
+  if [[ -e $src && ! -L $src ]]; then echo "$src exists and is not our link; run from $src"; exit 1; fi
+  mkdir -p "$(dirname "$src")" && ln -sfn "$repo" "$src"
+fi
+# ---- libraries: ours first, then the machine's cuBLAS / cuDNN / NCCL wherever they are ----
+libdirs=$repo/.gpu/lib
+for lib in libcublas.so.13 libcublasLt.so.13 libcudnn.so.9 libnccl.so.2; do
+  found=$(find /usr/local/cuda*/ /usr/lib/x86_64-linux-gnu /opt /usr/local/lib -name "$lib" 2>/dev/null | head -1)
+  [[ -n $found ]] && libdirs=$libdirs:$(dirname "$found") || echo "MISSING $lib on this machine"
+done
+export LD_LIBRARY_PATH=$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+B=$repo/$build
+
+step() {  # step NAME SECONDS COMMAND...: runs it with a limit, logs to $logs/NAME.log
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  echo "=== $name: $*"
+  timeout -k 5 "$limit" "$@" > "$logs/$name.log" 2>&1
+  local rc=$?
+  printf '%-28s rc=%-3s %4ss\n' "$name" "$rc" "$((SECONDS - t0))" | tee -a "$summary"
+  tail -n 15 "$logs/$name.log"
+  if [[ -n ${OUT:-} ]]; then
+    tar -czf "$OUT/gpu-logs.tgz" -C "$logs" . && cp "$summary" "$OUT/summary.txt"
+  fi
+  return $rc
+}
+want() { [[ " ${steps[*]} " == *" $1 "* ]]; }
+
+if want env; then
+  step nvidia-smi 30 nvidia-smi
+  step ldd 30 bash -c "for f in $B/tests/tensor/tensor_cuda_ops_test $B/tests/comm/comm_collectives_test \
+      $B/examples/digits_ddp $B/bench/bench_tensor_cuda; do echo \$f; ldd \$f | grep -E 'not found|cudnn|nccl|cublas|cudart|mpi'; done"
+fi
+if want tests; then
+  step ctest-cuda 300 ctest --test-dir "$B" -L cuda --output-on-failure --timeout 200 -j 4
+  grep -E "tests passed|Skipped|\*\*\*Failed|Not Run" "$logs/ctest-cuda.log" | head -40 >> "$summary"
+fi
+if want bench; then
+  # min_time 0.05 s of GPU time per repetition: each timed iteration also waits on the
+  # host, so the default 0.5 s took over 4 minutes for the whole set
+  step bench-tensor-cuda 240 "$B/bench/bench_tensor_cuda" --benchmark_repetitions=5 \
+      --benchmark_report_aggregates_only=true --benchmark_min_time=0.05
+  grep -E "median" "$logs/bench-tensor-cuda.log" >> "$summary"
+fi
+if want demo; then
+  data=$repo/.gpu/digits.csv.gz
+  step demo-ring-staged-np2 240 "$B/comm/ringrun" --nproc-per-node 2 --master-port 29501 \
+      "$B/examples/digits_ddp" --devices 1 --backend ring --data "$data" --no-progress
+  step demo-nccl-np1 180 "$B/comm/ringrun" --nproc-per-node 1 --master-port 29502 \
+      "$B/examples/digits_ddp" --devices 1 --backend nccl --data "$data" --no-progress
+  step demo-cnn-16mixed 240 "$B/examples/digits_ddp" --devices 1 --model cnn --precision 16-mixed \
+      --epochs 3 --data "$data" --no-progress
+  step demo-bf16-mixed 180 "$B/examples/digits_ddp" --devices 1 --precision bf16-mixed \
+      --data "$data" --no-progress
+  grep -H -iE "test acc|accuracy" "$logs"/demo-*.log >> "$summary"
+fi
+if want ddp-bench; then
+  # 2 ranks share the one GPU through the ring's host staging; 1 rank for DDP's own
+  # overhead (ring) and for NCCL (which refuses 2 ranks on one GPU)
+  step ddp-step-ring-np2 240 "$B/comm/ringrun" --nproc-per-node 2 --master-port 29503 \
+      "$B/bench/ddp_step" --device cuda --backend ring --rounds 5 --steps 5 \
+      --json "$logs/ddp-step-ring-np2.json" --trace "$logs/ddp-step-ring-np2.trace.json"
+  step ddp-step-ring-np1 120 "$B/comm/ringrun" --nproc-per-node 1 --master-port 29504 \
+      "$B/bench/ddp_step" --device cuda --backend ring --rounds 5 --steps 5 --json "$logs/ddp-step-ring-np1.json"
+  step ddp-step-nccl-np1 120 "$B/comm/ringrun" --nproc-per-node 1 --master-port 29505 \
+      "$B/bench/ddp_step" --device cuda --backend nccl --rounds 5 --steps 5 --json "$logs/ddp-step-nccl-np1.json"
+  grep -h -E "^(local|overlap|no overlap|hidden|overhead|#)" "$logs"/ddp-step-*.log >> "$summary"
+fi
+if want sanitizer; then
+  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+  step memcheck-ops 240 "$sanitizer" --tool memcheck --error-exitcode 3 \
+      "$B/tests/tensor/tensor_cuda_ops_test" --gtest_brief=1
+  step memcheck-runtime 120 "$sanitizer" --tool memcheck --error-exitcode 3 \
+      "$B/tests/tensor/tensor_cuda_runtime_test" --gtest_brief=1
+  step racecheck-reductions 180 "$sanitizer" --tool racecheck --error-exitcode 3 \
+      "$B/tests/tensor/tensor_cuda_ops_test" --gtest_brief=1 --gtest_filter='*Reduc*:*Softmax*:*Argmax*:*Sum*'
+fi
+echo; echo "==== summary ($(cat .gpu/commit))"; cat "$summary"
