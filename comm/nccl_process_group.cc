@@ -9,6 +9,15 @@
 // the communicator) instead of a hang. The base class has already waited for
 // the event recorded on the caller's stream, so the inputs are ready.
 //
+// Host buffers are accepted too, since DDP, the loss scaler and the Trainer
+// exchange small host values (parameter shapes, the overflow flag, metrics)
+// through whichever group they were given, as they would on the ring or mpi
+// backend. NCCL itself reads and writes device memory only, so run() stages a
+// host buffer through device scratch memory: the host-to-device copy, the NCCL
+// call and the copy back are all queued on the group's stream, in that order.
+// That costs two copies plus the launch latency; it is meant for small control
+// data, and the ring or mpi backend is the one for large host buffers.
+//
 // NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): on a one-GPU
 // machine, multi-rank tests use the ring backend with host staging instead.
 #include <cuda_runtime.h>
@@ -20,6 +29,7 @@
 #include "comm/backends.h"
 #include "comm/init.h"
 #include "tensor/cuda/runtime.h"
+#include "tensor/storage.h"
 
 namespace ringtrain::comm {
 
@@ -122,12 +132,55 @@ class NcclProcessGroup final : public ProcessGroup {
  protected:
   bool handles_device_buffers() const override { return true; }
 
-  void run(const Collective& c, Deadline deadline) override {
-    RT_CHECK(c.op == CollectiveOp::kBarrier || c.input.device.is_cuda(), "nccl backend: ",
-             describe(c), " got a ", c.input.device.str(),
-             " buffer; NCCL takes CUDA buffers only (use the ring or mpi backend for host memory)");
+  void run(const Collective& collective, Deadline deadline) override {
+    // Host buffers may run inline on the caller's thread: leave its device as it was.
+    int caller_device = 0;
+    CUDA_CHECK(cudaGetDevice(&caller_device));
+    struct RestoreDevice {
+      int index;
+      ~RestoreDevice() { cudaSetDevice(index); }
+    } restore{caller_device};
     CUDA_CHECK(cudaSetDevice(device_));
     auto stream = static_cast<cudaStream_t>(stream_.handle());
+    // 1. Host buffers move to device scratch memory (see the file comment).
+    Collective c = collective;
+    DataPtr input_scratch, output_scratch;
+    if (c.op != CollectiveOp::kBarrier) {
+      stage_in(c.input, c.op != CollectiveOp::kRecv, input_scratch, stream);
+      if (uses_output(c.op)) stage_in(c.output, false, output_scratch, stream);
+    }
+    // 2. The NCCL call on the group's stream.
+    launch(c, stream);
+    // 3. Results go back to the host buffers, still in stream order.
+    if (input_scratch && is_in_place(c.op)) stage_out(collective.input, input_scratch, stream);
+    if (output_scratch) stage_out(collective.output, output_scratch, stream);
+    wait_for_stream(c, deadline);
+  }
+
+  std::shared_ptr<ProcessGroup> create_subgroup(GroupContext context, int color, int) override {
+    if (color < 0) return nullptr;
+    return std::make_shared<NcclProcessGroup>(std::move(context));
+  }
+
+  void close_transports() override { comm_.abort(); }
+
+ private:
+  // Points `buffer` at new device scratch memory if it is a host buffer, copying
+  // the host bytes in first when `copy_in`.
+  void stage_in(BufferRef& buffer, bool copy_in, DataPtr& scratch, cudaStream_t stream) {
+    if (!buffer.device.is_cpu() || buffer.nbytes() == 0) return;
+    scratch = allocate_bytes(buffer.nbytes(), Device::cuda(device_));
+    if (copy_in) {
+      CUDA_CHECK(cudaMemcpyAsync(scratch.get(), buffer.data, buffer.nbytes(), cudaMemcpyHostToDevice, stream));
+    }
+    buffer.data = scratch.get();
+    buffer.device = Device::cuda(device_);
+  }
+  void stage_out(const BufferRef& host, const DataPtr& scratch, cudaStream_t stream) {
+    CUDA_CHECK(cudaMemcpyAsync(host.data, scratch.get(), host.nbytes(), cudaMemcpyDeviceToHost, stream));
+  }
+
+  void launch(const Collective& c, cudaStream_t stream) {
     const ncclDataType_t type = nccl_type(c.input.dtype);
     ncclComm_t comm = comm_.get();
     void* data = c.input.data;
@@ -172,6 +225,11 @@ class NcclProcessGroup final : public ProcessGroup {
         NCCL_CHECK(ncclRecv(data, c.input.count, type, c.peer, comm, stream));
         break;
     }
+  }
+
+  // Records the group's event after everything queued and polls it.
+  void wait_for_stream(const Collective& c, Deadline deadline) {
+    ncclComm_t comm = comm_.get();
     done_.record(stream_);
     // Poll instead of cudaEventSynchronize: a dead peer must become an error, not a hang.
     while (!done_.query()) {
@@ -191,14 +249,6 @@ class NcclProcessGroup final : public ProcessGroup {
     }
   }
 
-  std::shared_ptr<ProcessGroup> create_subgroup(GroupContext context, int color, int) override {
-    if (color < 0) return nullptr;
-    return std::make_shared<NcclProcessGroup>(std::move(context));
-  }
-
-  void close_transports() override { comm_.abort(); }
-
- private:
   int device_ = 0;
   NcclComm comm_;
   cuda::Stream stream_;

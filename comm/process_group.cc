@@ -17,16 +17,6 @@ namespace {
 // Store key under which world rank r publishes why it failed.
 std::string error_key(int world_rank) { return "rt/error/" + std::to_string(world_rank); }
 
-bool is_in_place(CollectiveOp op) {
-  return op == CollectiveOp::kAllreduce || op == CollectiveOp::kBroadcast ||
-         op == CollectiveOp::kReduce || op == CollectiveOp::kRecv;
-}
-
-bool uses_output(CollectiveOp op) {
-  return op == CollectiveOp::kAllgather || op == CollectiveOp::kReduceScatter ||
-         op == CollectiveOp::kAllToAll;
-}
-
 }  // namespace
 
 ProcessGroup::ProcessGroup(GroupContext context) : context_(std::move(context)) {

@@ -32,6 +32,16 @@ enum class CollectiveOp : uint8_t {
   kAllreduce, kBroadcast, kReduce, kAllgather, kReduceScatter, kAllToAll, kBarrier, kSend, kRecv
 };
 const char* collective_op_name(CollectiveOp op);  // "allreduce", "broadcast", ...
+// The collectives that leave their result in `input` ...
+inline bool is_in_place(CollectiveOp op) {
+  return op == CollectiveOp::kAllreduce || op == CollectiveOp::kBroadcast ||
+         op == CollectiveOp::kReduce || op == CollectiveOp::kRecv;
+}
+// ... and those that write a separate `output`.
+inline bool uses_output(CollectiveOp op) {
+  return op == CollectiveOp::kAllgather || op == CollectiveOp::kReduceScatter ||
+         op == CollectiveOp::kAllToAll;
+}
 
 // A raw buffer handed to a collective. count is in elements of dtype.
 struct BufferRef {

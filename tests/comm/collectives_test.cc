@@ -10,6 +10,12 @@
 // Inputs are small integers (value(rank, i) in [-3, 3]) so sums, products and
 // extrema are exact in every dtype including bf16; averages are compared with a
 // tolerance of the dtype's precision.
+//
+// `--device cuda` runs the typed collectives (AllDTypes/Collectives.*) on CUDA
+// buffers: each Buffer is uploaded before the collective and read back after it, so
+// the same checks cover the ring backend's host staging and the nccl backend (where
+// --device cuda is the default; `--device cpu` checks its staging of host buffers).
+// Label cuda.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -33,6 +39,7 @@ using namespace std::chrono_literals;
 
 std::shared_ptr<ProcessGroup> g_pg;
 std::string g_backend = "ring";
+bool g_cuda_buffers = false;  // --device cuda
 
 // Primes, 0 and 1, sizes not divisible by 2, 3 or 4 ranks, and sizes on both sides
 // of the ring backend's latency threshold (16 KiB).
@@ -44,7 +51,9 @@ double value(int rank, size_t i, int salt) {
   return static_cast<double>((rank * 7 + static_cast<int64_t>(i) * 13 + salt) % 7) - 3.0;
 }
 
-// A typed buffer filled from value(); read back as doubles.
+// A typed buffer filled from value(); read back as doubles. With --device cuda,
+// ref() uploads the host bytes to a device copy and hands out that copy; the next
+// get() downloads it first (the collective has been waited for by then).
 class Buffer {
  public:
   Buffer(DType dtype, size_t count) : dtype_(dtype), count_(count), bytes_(count * dtype_size(dtype) + 8) {}
@@ -57,19 +66,32 @@ class Buffer {
       reinterpret_cast<T*>(bytes_.data())[i] = T(static_cast<typename ComputeType<T>::type>(v));
     });
   }
-  double get(size_t i) const {
+  double get(size_t i) {
+    if (device_dirty_) {
+      copy_device_to_host(bytes_.data(), device_.get(), bytes_.size(), 0);
+      device_dirty_ = false;
+    }
     return dispatch_dtype(dtype_, [&](auto tag) {
       using T = decltype(tag);
       using C = typename ComputeType<T>::type;
       return static_cast<double>(static_cast<C>(reinterpret_cast<const T*>(bytes_.data())[i]));
     });
   }
-  BufferRef ref() { return {bytes_.data(), count_, dtype_, Device::cpu()}; }
+  BufferRef ref() {
+    if (!g_cuda_buffers) return {bytes_.data(), count_, dtype_, Device::cpu()};
+    if (!device_) device_ = allocate_bytes(bytes_.size(), Device::cuda(0));
+    copy_host_to_device(device_.get(), bytes_.data(), bytes_.size(), 0);
+    device_dirty_ = true;
+    return {device_.get(), count_, dtype_, Device::cuda(0)};
+  }
+  char* host_data() { return bytes_.data(); }
 
  private:
   DType dtype_;
   size_t count_;
   std::vector<char> bytes_;
+  DataPtr device_;
+  bool device_dirty_ = false;
 };
 
 // The reduction over all ranks of value(r, i, salt), as the dtype would store it.
@@ -240,9 +262,9 @@ TEST_P(Collectives, SymmetricAllreduceEveryOpAndSize) {
       staging.fill(g_pg->rank(), 8);
       staging.set(count, 99.0);  // the guard (exact in every dtype)
       char* base = static_cast<char*>(symmetric->data()) + offset * element;
-      std::memcpy(base, staging.ref().data, (count + 1) * element);
+      std::memcpy(base, staging.host_data(), (count + 1) * element);
       g_pg->allreduce({base, count, dtype, Device::cpu()}, op).wait();
-      std::memcpy(staging.ref().data, base, (count + 1) * element);
+      std::memcpy(staging.host_data(), base, (count + 1) * element);
       Checker checker{"symmetric allreduce " + std::string(reduce_op_name(op)) + " count " +
                       std::to_string(count)};
       for (size_t i = 0; i < count; ++i) {
@@ -411,7 +433,9 @@ TEST(SubGroups, SplitByParityWithReversedKeys) {
   // a rank may also stay out of a split
   auto only_rank0 = g_pg->split(r == 0 ? 0 : -1, 0);
   EXPECT_EQ(only_rank0 != nullptr, r == 0);
-  if (only_rank0) EXPECT_EQ(only_rank0->size(), 1);
+  if (only_rank0) {
+    EXPECT_EQ(only_rank0->size(), 1);
+  }
 }
 
 TEST(CudaBuffers, StagedAllreduce) {
@@ -436,6 +460,15 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::string(argv[i]) == "--backend") ringtrain::comm::g_backend = argv[i + 1];
+  }
+  // CUDA buffers by default for nccl, host buffers for the others; --device picks.
+  ringtrain::comm::g_cuda_buffers = ringtrain::comm::g_backend == "nccl";
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::string(argv[i]) == "--device") ringtrain::comm::g_cuda_buffers = std::string(argv[i + 1]) == "cuda";
+  }
+  if (ringtrain::comm::g_cuda_buffers && !ringtrain::cuda::is_available()) {
+    std::printf("SKIP: --device cuda: no usable GPU here (%s)\n", ringtrain::cuda::unavailable_reason());
+    return 0;
   }
   if (ringtrain::comm::g_backend == "nccl" &&
       (!ringtrain::comm::nccl_is_built() || !ringtrain::cuda::is_available())) {

@@ -7,6 +7,10 @@
 // 1e-5 relative (f32; the sums run in another order).
 //
 // Every rank runs every test in the same order, so their collectives match.
+//
+// RINGTRAIN_TEST_DEVICE=cuda runs the tests that go through train_and_compare with
+// the models and batches on GPU 0 (label cuda: gradients in CUDA buckets, reduced
+// through the ring backend's host staging, or NCCL).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,12 +27,14 @@
 #include "ddp/loss_scaler.h"
 #include "nn/layers.h"
 #include "nn/optim.h"
+#include "tensor/cuda/runtime.h"
 #include "tensor/ops.h"
 
 namespace ringtrain::ddp {
 namespace {
 
 std::shared_ptr<comm::ProcessGroup> g_world;
+Device g_device = Device::cpu();  // RINGTRAIN_TEST_DEVICE=cuda: Device::cuda(0)
 
 constexpr int64_t kPerRankBatch = 4;
 constexpr int64_t kIn = 12, kHidden = 24, kClasses = 5;
@@ -104,6 +110,7 @@ void run_and_compare(DistributedDataParallel& ddp, nn::Module& reference, Opt op
     opt_ref->zero_grad();
     for (int micro = 0; micro < micro_batches; ++micro) {
       Batch global = global_batch(step * 10 + micro);
+      global = {global.x.to(g_device), global.y.to(g_device)};
       Batch local = rank_slice(global);
       if (micro + 1 < micro_batches) {
         auto guard = ddp.no_sync();  // accumulate locally, reduce on the last micro-batch
@@ -122,6 +129,8 @@ void run_and_compare(DistributedDataParallel& ddp, nn::Module& reference, Opt op
 
 void train_and_compare(std::shared_ptr<nn::Module> model, std::shared_ptr<nn::Module> reference,
                        DdpOptions options, Opt opt, int steps = 4, int micro_batches = 1) {
+  model->to(g_device);
+  reference->to(g_device);
   DistributedDataParallel ddp(model, g_world, options);
   run_and_compare(ddp, *reference, opt, steps, micro_batches);
 }
@@ -380,6 +389,14 @@ TEST(DdpMultiRank, DistributedSamplerShardsCoverTheDataSet) {
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   const char* backend = std::getenv("RINGTRAIN_TEST_BACKEND");
+  const char* device = std::getenv("RINGTRAIN_TEST_DEVICE");
+  if (device && std::string(device) == "cuda") {
+    if (!ringtrain::cuda::is_available()) {
+      std::printf("SKIP: RINGTRAIN_TEST_DEVICE=cuda: no usable GPU here (%s)\n", ringtrain::cuda::unavailable_reason());
+      return 0;
+    }
+    ringtrain::ddp::g_device = ringtrain::Device::cuda(0);
+  }
   ringtrain::comm::InitOptions options;
   options.backend = backend ? backend : "ring";
   ringtrain::ddp::g_world = ringtrain::comm::init_process_group(options);
