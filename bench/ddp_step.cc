@@ -26,6 +26,11 @@
 // difference is counted in #wrong and makes the program exit 1.
 // --trace FILE writes a Chrome trace (open in https://ui.perfetto.dev) of one
 // DDP step: backward's gradient-ready instants against the bucket allreduces.
+// --device cuda runs the model on GPU (local rank's index modulo the GPUs there):
+// each timed step ends with a device synchronize, so the times are the GPU's too;
+// with the ring backend the buckets go through host staging, with nccl they stay
+// on the device. On a GPU, backward's "gradient ready" instants are when the host
+// queued the kernels, not when they ran.
 #include <time.h>
 
 #include <algorithm>
@@ -46,6 +51,7 @@
 #include "ddp/timeline.h"
 #include "nn/layers.h"
 #include "nn/optim.h"
+#include "tensor/cuda/runtime.h"
 #include "tensor/ops.h"
 
 using namespace ringtrain;
@@ -58,6 +64,7 @@ struct Config {
   int warmup = 3, rounds = 5, steps = 3;  // warm-up per configuration, then rounds x steps timed
   std::vector<double> sweep_mb = {0.25, 1, 5, 25, 100};
   std::string backend = "ring";
+  std::string device = "cpu";
   bool grad_as_view = false;
   std::string trace;
   std::string json_out;
@@ -119,7 +126,8 @@ int replicas_differ(comm::ProcessGroup& pg, nn::Module& m) {
 int main(int argc, char** argv) {
   Config c;
   CLI::App app{"DDP step benchmark: overlap, bucket sizes, hidden communication (run under mpirun/ringrun)"};
-  app.add_option("--backend", c.backend, "ring or mpi")->capture_default_str();
+  app.add_option("--backend", c.backend, "ring, mpi or nccl")->capture_default_str();
+  app.add_option("--device", c.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   app.add_option("--in-features", c.in_features)->capture_default_str();
   app.add_option("--width", c.width)->capture_default_str();
   app.add_option("--hidden", c.hidden)->capture_default_str();
@@ -141,19 +149,34 @@ int main(int argc, char** argv) {
   auto pg = comm::init_process_group(init);
   const int rank = pg->rank(), world = pg->size();
   int wrong = 0;
+  Device device = Device::cpu();
+  if (c.device == "cuda") {
+    if (!cuda::is_available()) {
+      std::fprintf(stderr, "ddp_step: --device cuda, but no usable GPU here: %s\n", cuda::unavailable_reason());
+      return 2;
+    }
+    device = Device::cuda(comm::launch_info().local_rank % cuda::device_count());
+    cuda::set_device(device.index);
+  }
+  // A step on the GPU has only been queued when the host returns: wait for it.
+  auto finish = [&] {
+    if (device.is_cuda()) cuda::synchronize_device(device.index);
+  };
 
   Generator data_gen(100 + rank);
-  Tensor x = randn({c.batch, c.in_features}, data_gen);
-  Tensor y = mul(rand({c.batch}, data_gen), static_cast<double>(c.classes)).to(DType::kInt64);
+  Tensor x = randn({c.batch, c.in_features}, data_gen).to(device);
+  Tensor y = mul(rand({c.batch}, data_gen), static_cast<double>(c.classes)).to(DType::kInt64).to(device);
 
   // ---- every configuration, built up front
   // t_local: no DDP at all, this rank's model alone.
   auto local_model = make_mlp(c, 1);
+  local_model->to(device);
   nn::SGD local_opt(local_model->parameters(), {.lr = 0.01});
   auto local_step = [&] {
     local_opt.zero_grad();
     autograd::backward(ag::cross_entropy(local_model->forward(x), y));
     local_opt.step();
+    finish();
   };
   std::vector<double> local_times;
 
@@ -178,6 +201,7 @@ int main(int argc, char** argv) {
   for (double mb : c.sweep_mb) add_row("sweep", mb, true);
   for (Row& row : rows) {
     row.model = make_mlp(c, 1);
+    row.model->to(device);
     ddp::DdpOptions options;
     options.bucket_cap_bytes = static_cast<size_t>(row.cap_mb * (1 << 20));
     options.overlap = row.overlap;
@@ -189,6 +213,7 @@ int main(int argc, char** argv) {
     row.opt->zero_grad();
     autograd::backward(ag::cross_entropy((*row.ddp)(x), y));
     row.opt->step();
+    finish();
   };
   // t_comm: the same buckets' allreduces alone, launched back to back.
   auto comm_only = [&](Row& row) {
@@ -197,6 +222,7 @@ int main(int argc, char** argv) {
       works.push_back(pg->allreduce({b.flat.data_ptr(), static_cast<size_t>(b.flat.numel()), b.flat.dtype(), b.flat.device()},
                                     comm::ReduceOp::kAvg));
     for (auto& w : works) w.wait();
+    finish();
   };
 
   // ---- warm-up (includes step 1, after which DDP rebuilds its buckets), then rounds
@@ -250,9 +276,10 @@ int main(int argc, char** argv) {
     const Row& no = rows[1];
     double h = ovl.t_comm > 0 ? 1.0 - (ovl.t_ms - t_local) / ovl.t_comm : 0;
     double h_bound = ovl.t_comm > 0 ? 1.0 - ovl.comm_cpu_ms / ovl.t_comm : 0;
-    std::printf("# DDP step: MLP %lld-%lldx%lld-%lld, batch %lld per rank, f32, %d rank(s), backend %s%s\n",
+    std::printf("# DDP step: MLP %lld-%lldx%lld-%lld, batch %lld per rank, f32, %d rank(s), backend %s, %s%s\n",
                 (long long)c.in_features, (long long)c.hidden, (long long)c.width, (long long)c.classes,
-                (long long)c.batch, world, c.backend.c_str(), c.grad_as_view ? ", gradient_as_bucket_view" : "");
+                (long long)c.batch, world, c.backend.c_str(), device.str().c_str(),
+                c.grad_as_view ? ", gradient_as_bucket_view" : "");
     std::printf("%-12s %9s %8s %10s %10s %10s %13s\n", "config", "cap(MiB)", "buckets", "step(ms)", "t_comm(ms)",
                 "wait(ms)", "comm_cpu(ms)");
     std::printf("%-12s %9s %8s %10.2f %10s %10s %13s\n", "local", "-", "-", t_local, "-", "-", "-");
@@ -265,7 +292,7 @@ int main(int argc, char** argv) {
     std::printf("bound with every core computing: h <= 1 - comm_cpu / t_comm = %.2f\n", h_bound);
     std::printf("# replicas identical after every configuration: #wrong = %d\n", wrong);
     if (!c.json_out.empty()) {
-      nlohmann::json j = {{"world", world}, {"backend", c.backend}, {"t_local_ms", t_local}, {"h", h},
+      nlohmann::json j = {{"world", world}, {"backend", c.backend}, {"device", device.str()}, {"t_local_ms", t_local}, {"h", h},
                          {"h_bound", h_bound}, {"wrong", wrong}};
       for (const Row& r : rows)
         j["rows"].push_back({{"name", r.name}, {"cap_mb", r.cap_mb}, {"buckets", r.buckets}, {"step_ms", r.t_ms},
