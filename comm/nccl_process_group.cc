@@ -14,7 +14,8 @@
 // through whichever group they were given, as they would on the ring or mpi
 // backend. NCCL itself reads and writes device memory only, so run() stages a
 // host buffer through device scratch memory: the host-to-device copy, the NCCL
-// call and the copy back are all queued on the group's stream, in that order.
+// call and the copy back are all queued on the group's stream, in that order,
+// through a pinned host buffer (see HostStage for why not the user's memory).
 // That costs two copies plus the launch latency; it is meant for small control
 // data, and the ring or mpi backend is the one for large host buffers.
 //
@@ -27,6 +28,7 @@
 #include <thread>
 
 #include "comm/backends.h"
+#include "comm/cuda_staging.h"
 #include "comm/init.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/storage.h"
@@ -144,17 +146,23 @@ class NcclProcessGroup final : public ProcessGroup {
     auto stream = static_cast<cudaStream_t>(stream_.handle());
     // 1. Host buffers move to device scratch memory (see the file comment).
     Collective c = collective;
-    DataPtr input_scratch, output_scratch;
+    HostStage input_stage, output_stage;
     if (c.op != CollectiveOp::kBarrier) {
-      stage_in(c.input, c.op != CollectiveOp::kRecv, input_scratch, stream);
-      if (uses_output(c.op)) stage_in(c.output, false, output_scratch, stream);
+      stage_in(c.input, c.op != CollectiveOp::kRecv, input_stage, stream);
+      if (uses_output(c.op)) stage_in(c.output, false, output_stage, stream);
     }
-    // 2. The NCCL call on the group's stream.
+    // 2. The NCCL call on the group's stream, once the caller's stream has produced
+    //    the input (a device-side wait: this thread does not block on it).
+    stream_wait_event(stream, collective.ready_event);
     launch(c, stream);
-    // 3. Results go back to the host buffers, still in stream order.
-    if (input_scratch && is_in_place(c.op)) stage_out(collective.input, input_scratch, stream);
-    if (output_scratch) stage_out(collective.output, output_scratch, stream);
+    // 3. Results go back towards the host buffers, still in stream order ...
+    const bool input_back = input_stage.device && is_in_place(c.op);
+    if (input_back) queue_copy_out(input_stage, stream);
+    if (output_stage.device) queue_copy_out(output_stage, stream);
     wait_for_stream(c, deadline);
+    // ... and into them once the stream is done.
+    if (input_back) input_stage.finish(collective.input);
+    if (output_stage.device) output_stage.finish(collective.output);
   }
 
   std::shared_ptr<ProcessGroup> create_subgroup(GroupContext context, int color, int) override {
@@ -165,19 +173,43 @@ class NcclProcessGroup final : public ProcessGroup {
   void close_transports() override { comm_.abort(); }
 
  private:
+  // A host buffer's stand-ins: device scratch memory for NCCL and a pinned host
+  // buffer for the copies. Copies between device and pageable memory may return
+  // before the bytes have landed (the driver stages them itself), so the copies
+  // on the stream only ever touch pinned memory, and the pageable user buffer is
+  // read before the stream starts and written after it has finished.
+  struct HostStage {
+    DataPtr device;
+    DataPtr pinned;
+    size_t nbytes = 0;
+    void finish(const BufferRef& host) const { std::memcpy(host.data, pinned.get(), nbytes); }
+  };
+
   // Points `buffer` at new device scratch memory if it is a host buffer, copying
   // the host bytes in first when `copy_in`.
-  void stage_in(BufferRef& buffer, bool copy_in, DataPtr& scratch, cudaStream_t stream) {
+  void stage_in(BufferRef& buffer, bool copy_in, HostStage& stage, cudaStream_t stream) {
     if (!buffer.device.is_cpu() || buffer.nbytes() == 0) return;
-    scratch = allocate_bytes(buffer.nbytes(), Device::cuda(device_));
-    if (copy_in) {
-      CUDA_CHECK(cudaMemcpyAsync(scratch.get(), buffer.data, buffer.nbytes(), cudaMemcpyHostToDevice, stream));
+    stage.nbytes = buffer.nbytes();
+    {
+      // Allocated as the group stream's memory: the caching allocator hands a block
+      // straight back to the stream that freed it, ordered after that stream's
+      // pending kernels, so a block taken on the caller's stream could still be in
+      // use there while NCCL writes it (that corrupted DDP's bucket order once).
+      cuda::StreamGuard on_group_stream(stream_);
+      stage.device = allocate_bytes(stage.nbytes, Device::cuda(device_));
     }
-    buffer.data = scratch.get();
+    stage.pinned = allocate_pinned_host_bytes(stage.nbytes);
+    if (copy_in) {
+      std::memcpy(stage.pinned.get(), buffer.data, stage.nbytes);
+      CUDA_CHECK(cudaMemcpyAsync(stage.device.get(), stage.pinned.get(), stage.nbytes, cudaMemcpyHostToDevice,
+                                 stream));
+    }
+    buffer.data = stage.device.get();
     buffer.device = Device::cuda(device_);
   }
-  void stage_out(const BufferRef& host, const DataPtr& scratch, cudaStream_t stream) {
-    CUDA_CHECK(cudaMemcpyAsync(host.data, scratch.get(), host.nbytes(), cudaMemcpyDeviceToHost, stream));
+  void queue_copy_out(const HostStage& stage, cudaStream_t stream) {
+    CUDA_CHECK(cudaMemcpyAsync(stage.pinned.get(), stage.device.get(), stage.nbytes, cudaMemcpyDeviceToHost,
+                               stream));
   }
 
   void launch(const Collective& c, cudaStream_t stream) {

@@ -190,7 +190,7 @@ Work ProcessGroup::enqueue(Collective c, Launch launch) {
   }
   Pending pending;
   bool on_device = c.input.device.is_cuda() || (uses_output(c.op) && c.output.device.is_cuda());
-  if (on_device) pending.ready_event = record_stream_event(c.input.device.index);
+  if (on_device) c.ready_event = record_stream_event(c.input.device.index);
   std::unique_lock<std::mutex> lock(queue_mutex_);
   RT_CHECK(!stopping_, name, ": the process group is shutting down");
   c.seq = next_seq_++;
@@ -261,7 +261,6 @@ void ProcessGroup::execute(Pending& pending) {
     }
   }
   try {
-    wait_for_stream_event(pending.ready_event);
     if (context_.options.debug_collectives && c.op != CollectiveOp::kSend &&
         c.op != CollectiveOp::kRecv) {
       check_same_collective(c);
@@ -286,6 +285,9 @@ void ProcessGroup::run_staged(const Collective& c, Deadline deadline) {
     run(c, deadline);
     return;
   }
+  if (try_run_on_device(c, deadline)) return;
+  // Host staging reads the input from the host: wait here for the caller's stream.
+  wait_for_stream_event(c.ready_event);
   // The backend moves host memory: stage through pinned buffers.
   const int device = c.input.device.index;
   Collective host = c;

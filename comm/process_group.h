@@ -150,6 +150,10 @@ class ProcessGroup {
     int peer = -1;     // root (broadcast, reduce), dst (send), src (recv)
     int tag = 0;
     uint64_t seq = 0;  // position in this group's collective sequence
+    // CUDA buffers: a cuda::Event recorded on the caller's stream after the work that
+    // produces the input. A backend's own stream waits for it on the device
+    // (stream_wait_event); host staging waits for it on the host first.
+    std::shared_ptr<void> ready_event;
   };
 
   explicit ProcessGroup(GroupContext context);
@@ -163,6 +167,11 @@ class ProcessGroup {
   virtual void run(const Collective& collective, Deadline deadline) = 0;
   // True when run() takes device pointers itself (nccl); false: the base stages them.
   virtual bool handles_device_buffers() const { return false; }
+  // For a backend that stages: runs a collective of CUDA buffers without staging
+  // when it has a device path for it (the ring's CUDA IPC allreduce on one host)
+  // and returns true; false: the base stages it through pinned host memory.
+  // Must decide the same way on every rank of the group.
+  virtual bool try_run_on_device(const Collective&, Deadline) { return false; }
   // Builds the sub-group split() computed. Called on every rank of this group; on
   // ranks that passed color < 0, context.rank is -1 and the result must be nullptr.
   virtual std::shared_ptr<ProcessGroup> create_subgroup(GroupContext context, int color,
@@ -179,7 +188,6 @@ class ProcessGroup {
   struct Pending {
     Collective collective;
     std::shared_ptr<WorkState> state;
-    std::shared_ptr<void> ready_event;  // cuda::Event recorded on the caller's stream
   };
 
   Work enqueue(Collective collective, Launch launch = Launch::kAsync);

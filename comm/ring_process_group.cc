@@ -3,11 +3,17 @@
 // It owns a PeerMesh (a TCP connection to every member, shared memory with the
 // members on this host) and maps each queued collective onto an algorithm of
 // ring_algorithms.h. Everything runs on the comm thread of the base class, one
-// collective at a time, each under its deadline.
+// collective at a time, each under its deadline. CUDA buffers are staged through
+// pinned host memory by the base class, except an allreduce among ranks that all
+// share this host, which goes through CUDA IPC (cuda_ipc_allreduce.cc) unless
+// RINGTRAIN_CUDA_IPC=0 or some rank cannot map its peers' device memory.
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 
 #include "comm/backends.h"
+#include "comm/cuda_ipc_allreduce.h"
+#include "comm/launch_env.h"
 #include "comm/ring_algorithms.h"
 #include "comm/symmetric_memory.h"
 #include "comm/transport.h"
@@ -18,6 +24,10 @@ namespace {
 
 constexpr uint32_t kPointToPointMagic = 0x52545032;  // "RTP2"
 constexpr size_t kDirectMinBytes = 2048;  // smallest allreduce that takes direct_allreduce
+
+// RINGTRAIN_CUDA_IPC: 1 (default) lets the ring allreduce CUDA buffers through CUDA
+// IPC when every rank is on this host; 0 stages them through pinned host memory.
+bool cuda_ipc_enabled() { return env_size("RINGTRAIN_CUDA_IPC", 1, 0) != 0; }
 
 // Sent ahead of every send() payload, so that recv() can check it matches.
 struct PointToPointHeader {
@@ -111,6 +121,27 @@ class RingProcessGroup final : public ProcessGroup {
     }
   }
 
+  bool try_run_on_device(const Collective& c, Deadline deadline) override {
+    if (c.op != CollectiveOp::kAllreduce || !mesh_.all_shared_memory() || !cuda_ipc_enabled()) return false;
+    RingArgs args{mesh_, c.input.dtype, c.reduce_op, deadline, scratch_};
+    const int device = c.input.device.index;
+    if (!ipc_set_up_) {  // the first CUDA allreduce sets it up, on every rank at once
+      std::string why;
+      ipc_ = CudaIpcAllreduce::create(args, store(), context().prefix + "/cuda_ipc", device, &why);
+      ipc_set_up_ = true;
+      if (!ipc_ && rank() == 0) {
+        std::fprintf(stderr, "ringtrain: ring backend: CUDA buffers go through host memory, not CUDA IPC (%s)\n",
+                     why.c_str());
+      }
+    }
+    if (!ipc_) return false;
+    RT_CHECK(device == ipc_->device(), "ring backend: this rank's CUDA buffers were on cuda:", ipc_->device(),
+             " at its first allreduce and are on cuda:", device,
+             " now; keep one device per rank (cuda::set_device(local_rank))");
+    ipc_->allreduce(args, c.input.data, c.input.count, c.ready_event);
+    return true;
+  }
+
   std::shared_ptr<ProcessGroup> create_subgroup(GroupContext context, int color, int) override {
     if (color < 0) return nullptr;
     return std::make_shared<RingProcessGroup>(std::move(context));
@@ -124,7 +155,8 @@ class RingProcessGroup final : public ProcessGroup {
   void check_same_algorithm_settings() {
     const std::string mine = detail::concat("RINGTRAIN_RING_LATENCY_BYTES=",
                                             ring_latency_threshold_bytes(),
-                                            " RINGTRAIN_RING_CHUNK_BYTES=", ring_chunk_bytes());
+                                            " RINGTRAIN_RING_CHUNK_BYTES=", ring_chunk_bytes(),
+                                            " RINGTRAIN_CUDA_IPC=", cuda_ipc_enabled() ? 1 : 0);
     const std::string key = context().prefix + "/ring/settings";
     if (rank() == 0) {
       store().set(key, mine);
@@ -153,6 +185,8 @@ class RingProcessGroup final : public ProcessGroup {
   }
 
   PeerMesh mesh_;
+  std::unique_ptr<CudaIpcAllreduce> ipc_;  // built by the first CUDA allreduce on one host
+  bool ipc_set_up_ = false;
   std::vector<char> scratch_;  // grows to the largest recursive-doubling / reduce_scatter need
   uint64_t symmetric_count_ = 0;                         // allocations so far (store keys)
   std::mutex symmetric_mutex_;                           // guards symmetric_ (caller vs comm thread)
