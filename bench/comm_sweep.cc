@@ -22,6 +22,13 @@
 // an idle group runs on the calling thread the way MPI_Allreduce does; --launch
 // async times the queued path DDP uses (allreduce on the comm thread, Work::wait).
 //
+// --device cuda puts our buffer on the GPU (local rank's index modulo the GPUs):
+// the ring backend reduces it through CUDA IPC on one host, or host staging
+// (RINGTRAIN_CUDA_IPC=0, or across hosts); nccl natively. The timed call ends
+// when the result is in device memory. MPI_Allreduce stays on host memory (this
+// Open MPI is not CUDA-aware), so its column is then a reference, not a twin, and
+// the CPU targets are not printed.
+//
 // Each repetition restores the input from a pristine copy (untimed) because the
 // allreduce is in place, then a barrier lines the ranks up, then the timed call.
 // Ours and MPI_Allreduce alternate repetition by repetition.
@@ -37,9 +44,12 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "comm/cuda_staging.h"
 #include "comm/init.h"
 #include "comm/mpi_runtime.h"
 #include "comm/symmetric_memory.h"
+#include "tensor/cuda/runtime.h"
+#include "tensor/storage.h"
 
 using namespace ringtrain;
 using namespace ringtrain::comm;
@@ -98,6 +108,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"blocking", "async"}))
       ->capture_default_str();
   app.add_option("--json", json_path, "also write the rows as JSON (for the plot)");
+  std::string device_text = "cpu";
+  app.add_option("--device", device_text, "where our buffer lives: cpu or cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   const Launch launch = launch_text == "blocking" ? Launch::kBlocking : Launch::kAsync;
   auto parse_size = [](std::string text) {
@@ -112,6 +125,15 @@ int main(int argc, char** argv) {
   const size_t min_bytes = std::max<size_t>(4, parse_size(min_text));
   const size_t max_bytes = parse_size(max_text);
 
+  Device device = Device::cpu();
+  if (device_text == "cuda") {
+    if (!cuda::is_available()) {
+      std::fprintf(stderr, "comm_sweep: --device cuda, but no usable GPU here: %s\n", cuda::unavailable_reason());
+      return 2;
+    }
+    device = Device::cuda(launch_info().local_rank % cuda::device_count());
+    cuda::set_device(device.index);
+  }
   InitOptions options;
   options.backend = backend;
   auto pg = init_process_group(options);
@@ -151,8 +173,9 @@ int main(int argc, char** argv) {
   const double memcpy_gbps = measure_memcpy();
 
   if (rank == 0) {
-    std::printf("# comm_sweep: allreduce, %d ranks, backend %s, init %s, %s buffers, %s launch, warmup %d, iters %d (median; ours and MPI alternate)\n",
-                n, backend.c_str(), launch_info().method.c_str(), buffers.c_str(), launch_text.c_str(), warmup, iters);
+    std::printf("# comm_sweep: allreduce, %d ranks, backend %s, init %s, %s buffers on %s, %s launch, warmup %d, iters %d (median; ours and MPI alternate)\n",
+                n, backend.c_str(), launch_info().method.c_str(), buffers.c_str(), device.str().c_str(),
+                launch_text.c_str(), warmup, iters);
     std::printf("# memcpy bandwidth (rank 0, 64 MiB, same run): %.2f GB/s\n", memcpy_gbps);
     std::printf("#\n# %10s %12s %8s %6s | %10s %8s %8s %7s |%s\n", "size", "count", "type", "redop",
                 "time", "algbw", "busbw", "#wrong",
@@ -181,6 +204,14 @@ int main(int argc, char** argv) {
     private_data.resize(capacity);
     data = private_data.data();
   }
+  DataPtr device_data;  // --device cuda: our buffer; `data` is then MPI's and the check's
+  if (device.is_cuda()) {
+    if (symmetric) {
+      if (rank == 0) std::fprintf(stderr, "comm_sweep: --buffers symmetric is host memory; drop it with --device cuda\n");
+      return 2;
+    }
+    device_data = allocate_bytes(capacity * sizeof(float), device);
+  }
 
   for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
     const size_t count = bytes / sizeof(float);
@@ -202,6 +233,18 @@ int main(int argc, char** argv) {
       for (size_t i = 0; i < count; ++i) samples.wrong += data[i] != expected_sum(n, i);
     };
     auto ours_once = [&](Samples& samples, bool timed) {
+      if (device.is_cuda()) {
+        copy_host_to_device(device_data.get(), pristine.data(), count * sizeof(float), device.index);
+        pg->barrier().wait();
+        auto t0 = std::chrono::steady_clock::now();
+        pg->allreduce({device_data.get(), count, DType::kFloat32, device}, ReduceOp::kSum, launch).wait();
+        double t = Seconds(std::chrono::steady_clock::now() - t0).count();
+        if (!timed) return;
+        samples.times.push_back(t);
+        copy_device_to_host(data, device_data.get(), count * sizeof(float), device.index);
+        for (size_t i = 0; i < count; ++i) samples.wrong += data[i] != expected_sum(n, i);
+        return;
+      }
       repeat_once(
           samples, timed,
           [&] { pg->allreduce({data, count, DType::kFloat32}, ReduceOp::kSum, launch).wait(); },
@@ -267,8 +310,8 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     std::printf("# memcpy bandwidth after the sweep: %.2f GB/s (before: %.2f)\n", memcpy_after_gbps,
                 memcpy_gbps);
-    // The targets, computed from the rows above.
-    if (mpi_reference) {
+    // The targets (host buffers), computed from the rows above.
+    if (mpi_reference && device.is_cpu()) {
       double min_ratio = 1e9;
       double min_busbw = 1e9;
       for (const auto& row : rows) {
@@ -295,7 +338,7 @@ int main(int argc, char** argv) {
     std::printf("# total #wrong: %lld\n", static_cast<long long>(total_wrong));
     if (!json_path.empty()) {
       std::ofstream out(json_path);
-      out << nlohmann::json{{"ranks", n}, {"backend", backend}, {"buffers", buffers}, {"launch", launch_text}, {"memcpy_gbps", memcpy_gbps}, {"memcpy_after_gbps", memcpy_after_gbps}, {"rows", rows}}.dump(1);
+      out << nlohmann::json{{"ranks", n}, {"backend", backend}, {"buffers", buffers}, {"device", device.str()}, {"launch", launch_text}, {"memcpy_gbps", memcpy_gbps}, {"memcpy_after_gbps", memcpy_after_gbps}, {"rows", rows}}.dump(1);
     }
   }
   symmetric.reset();

@@ -18,7 +18,7 @@ rm -rf "$out" && mkdir -p "$out/lib"
 # paths under $PWD; validate.sh links that path to wherever the repository lands.
 executables=(tests/tensor/tensor_cuda_ops_test tests/tensor/tensor_cuda_runtime_test
              tests/nn/nn_data_cuda_loader_test tests/comm/comm_collectives_test comm/ringrun
-             tests/ddp/ddp_multirank_test bench/ddp_step
+             tests/ddp/ddp_multirank_test bench/ddp_step bench/comm_sweep
              bench/bench_tensor_cuda examples/digits_ddp)
 {
   find "$build" -path '*/consumer-work' -prune -o \( -name CTestTestfile.cmake -o -name '*_include.cmake' \

@@ -3,11 +3,11 @@
 # scripts/gpu/make_bundle.sh made (.gpu/): the `cuda` test label, the kernels under
 # compute-sanitizer, the tensor GPU benchmark, and the digits demo on the GPU with
 # the ring backend (host staging, 2 ranks on one GPU), the nccl backend and mixed
-# precision, and the DDP step benchmark on the GPU. Every step has a time limit; its log goes to ./gpu-logs/NAME.log, and
+# precision, and the DDP step and allreduce benchmarks on the GPU. Every step has a time limit; its log goes to ./gpu-logs/NAME.log, and
 # after each step the logs are packed into $OUT/gpu-logs.tgz with $OUT/summary.txt
 # beside it (the device tool brings back few files). A summary table is printed last.
 # Steps to run can be named: validate.sh tests bench (default: env tests bench demo
-# ddp-bench sanitizer).
+# ddp-bench comm-bench sanitizer).
 #
 # Record what it printed in docs/gpu-validation.md.
 set -uo pipefail
@@ -18,7 +18,7 @@ mkdir -p "$logs"
 summary=$logs/summary.txt
 : > "$summary"
 steps=("$@")
-[[ ${#steps[@]} -gt 0 ]] || steps=(env tests bench demo ddp-bench sanitizer)
+[[ ${#steps[@]} -gt 0 ]] || steps=(env tests bench demo ddp-bench comm-bench sanitizer)
 
 # ---- unpack: the build tree goes back under the path it was configured at ----
 src=$(cat .gpu/source_dir) build=$(cat .gpu/build_dir)
@@ -60,8 +60,18 @@ if want env; then
       $B/examples/digits_ddp $B/bench/bench_tensor_cuda; do echo \$f; ldd \$f | grep -E 'not found|cudnn|nccl|cublas|cudart|mpi'; done"
 fi
 if want tests; then
-  step ctest-cuda 300 ctest --test-dir "$B" -L cuda --output-on-failure --timeout 200 -j 4
-  grep -E "tests passed|Skipped|\*\*\*Failed|Not Run" "$logs/ctest-cuda.log" | head -40 >> "$summary"
+  # A crashing test leaves a core; its backtrace goes to the log (cuda-gdb reads cores).
+  ulimit -c unlimited
+  echo "/tmp/core.%e.%p" > /proc/sys/kernel/core_pattern 2>/dev/null || true
+  # -j 4 on purpose: several processes share the GPU, as jobs on one node do.
+  # --repeat until-fail:3 runs each test up to three times, to catch what fails now and then.
+  step ctest-cuda 400 ctest --test-dir "$B" -L cuda --output-on-failure --timeout 200 -j 4 --repeat until-fail:3
+  grep -E "tests passed|Skipped|\*\*\*Failed|Exception|Not Run" "$logs/ctest-cuda.log" | head -40 >> "$summary"
+  for core in /tmp/core.*; do
+    [[ -f $core ]] || continue
+    exe=$(find "$B" -name "$(basename "$core" | cut -d. -f2)*" -type f -perm -u+x | head -1)
+    step "backtrace-$(basename "$core")" 60 cuda-gdb -batch -ex "thread apply all bt 15" "$exe" "$core"
+  done
 fi
 if want bench; then
   # min_time 0.05 s of GPU time per repetition: each timed iteration also waits on the
@@ -83,16 +93,32 @@ if want demo; then
   grep -H -iE "test acc|accuracy" "$logs"/demo-*.log >> "$summary"
 fi
 if want ddp-bench; then
-  # 2 ranks share the one GPU through the ring's host staging; 1 rank for DDP's own
-  # overhead (ring) and for NCCL (which refuses 2 ranks on one GPU)
-  step ddp-step-ring-np2 240 "$B/comm/ringrun" --nproc-per-node 2 --master-port 29503 \
+  # 2 ranks share the one GPU: the ring's allreduce by CUDA IPC, then the same with
+  # RINGTRAIN_CUDA_IPC=0 (host staging); 1 rank for DDP's own overhead (ring) and
+  # for NCCL (which refuses 2 ranks on one GPU)
+  step ddp-step-ring-ipc-np2 240 "$B/comm/ringrun" --nproc-per-node 2 --master-port 29503 \
       "$B/bench/ddp_step" --device cuda --backend ring --rounds 5 --steps 5 \
-      --json "$logs/ddp-step-ring-np2.json" --trace "$logs/ddp-step-ring-np2.trace.json"
+      --json "$logs/ddp-step-ring-ipc-np2.json" --trace "$logs/ddp-step-ring-ipc-np2.trace.json"
+  step ddp-step-ring-staged-np2 240 env RINGTRAIN_CUDA_IPC=0 "$B/comm/ringrun" --nproc-per-node 2 \
+      --master-port 29506 "$B/bench/ddp_step" --device cuda --backend ring --rounds 5 --steps 5 \
+      --json "$logs/ddp-step-ring-staged-np2.json" --trace "$logs/ddp-step-ring-staged-np2.trace.json"
   step ddp-step-ring-np1 120 "$B/comm/ringrun" --nproc-per-node 1 --master-port 29504 \
       "$B/bench/ddp_step" --device cuda --backend ring --rounds 5 --steps 5 --json "$logs/ddp-step-ring-np1.json"
   step ddp-step-nccl-np1 120 "$B/comm/ringrun" --nproc-per-node 1 --master-port 29505 \
       "$B/bench/ddp_step" --device cuda --backend nccl --rounds 5 --steps 5 --json "$logs/ddp-step-nccl-np1.json"
-  grep -h -E "^(local|overlap|no overlap|hidden|overhead|#)" "$logs"/ddp-step-*.log >> "$summary"
+  grep -H -E "^(local|overlap|no overlap|hidden|overhead)" "$logs"/ddp-step-*.log >> "$summary"
+fi
+if want comm-bench; then
+  # allreduce sweeps under ringrun (no MPI reference: Open MPI's launcher is not
+  # carried): CUDA buffers by IPC and by host staging, and host buffers on this host
+  step sweep-cuda-ipc-np2 240 "$B/comm/ringrun" --nproc-per-node 2 --master-port 29507 \
+      "$B/bench/comm_sweep" --device cuda --max-bytes 256M --json "$logs/sweep-cuda-ipc-np2.json"
+  step sweep-cuda-staged-np2 240 env RINGTRAIN_CUDA_IPC=0 "$B/comm/ringrun" --nproc-per-node 2 \
+      --master-port 29508 "$B/bench/comm_sweep" --device cuda --max-bytes 256M \
+      --json "$logs/sweep-cuda-staged-np2.json"
+  step sweep-host-np2 240 "$B/comm/ringrun" --nproc-per-node 2 --master-port 29509 \
+      "$B/bench/comm_sweep" --max-bytes 256M --json "$logs/sweep-host-np2.json"
+  grep -H -E "^ +(8|1048576|16777216|67108864|268435456) " "$logs"/sweep-*.log >> "$summary"
 fi
 if want sanitizer; then
   sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
@@ -100,6 +126,10 @@ if want sanitizer; then
       "$B/tests/tensor/tensor_cuda_ops_test" --gtest_brief=1
   step memcheck-runtime 120 "$sanitizer" --tool memcheck --error-exitcode 3 \
       "$B/tests/tensor/tensor_cuda_runtime_test" --gtest_brief=1
+  # the ring's CUDA IPC allreduce, 2 processes under the checker
+  step memcheck-ipc-allreduce 240 "$sanitizer" --tool memcheck --error-exitcode 3 --target-processes all \
+      "$B/comm/ringrun" --nproc-per-node 2 --master-port 29510 "$B/tests/comm/comm_collectives_test" \
+      --backend ring --device cuda --gtest_brief=1 --gtest_filter='AllDTypes/Collectives.Allreduce*:CudaBuffers.*'
   step racecheck-reductions 180 "$sanitizer" --tool racecheck --error-exitcode 3 \
       "$B/tests/tensor/tensor_cuda_ops_test" --gtest_brief=1 --gtest_filter='*Reduc*:*Softmax*:*Argmax*:*Sum*'
 fi
