@@ -285,6 +285,11 @@ void ProcessGroup::run_staged(const Collective& c, Deadline deadline) {
     run(c, deadline);
     return;
   }
+  // One rank: an in-place collective leaves the buffer as it is; skip the copies.
+  if (context_.size == 1 && is_in_place(c.op)) {
+    wait_for_stream_event(c.ready_event);  // done means the caller's input is ready too
+    return;
+  }
   if (try_run_on_device(c, deadline)) return;
   // Host staging reads the input from the host: wait here for the caller's stream.
   wait_for_stream_event(c.ready_event);

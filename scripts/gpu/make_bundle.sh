@@ -36,5 +36,8 @@ for exe in "$build/tests/comm/comm_collectives_test" "$build/examples/digits_ddp
   ldd "$exe" | awk '/=> \// {print $3}' | grep -E 'libmpi|libopen-|libhwloc|libevent|libudev|libz\.|libcudart|libbenchmark' || true
 done | sort -u | while read -r lib; do cp -L "$lib" "$out/lib/"; done
 cp /usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz "$out/"  # python3-sklearn
+# The latency probe (scripts/gpu/latency_probe.cu), for validate.sh's probe step.
+/usr/local/cuda/bin/nvcc -O2 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=sm_80 \
+    -o "$out/latency_probe" scripts/gpu/latency_probe.cu
 git rev-parse --short HEAD > "$out/commit"
 du -sh "$out"; ls -la "$out" "$out/lib"

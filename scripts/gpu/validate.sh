@@ -6,8 +6,8 @@
 # precision, and the DDP step and allreduce benchmarks on the GPU. Every step has a time limit; its log goes to ./gpu-logs/NAME.log, and
 # after each step the logs are packed into $OUT/gpu-logs.tgz with $OUT/summary.txt
 # beside it (the device tool brings back few files). A summary table is printed last.
-# Steps to run can be named: validate.sh tests bench (default: env tests bench demo
-# ddp-bench comm-bench sanitizer).
+# Steps to run can be named: validate.sh tests bench (default: env probe tests bench
+# demo ddp-bench comm-bench sanitizer).
 #
 # Record what it printed in docs/gpu-validation.md.
 set -uo pipefail
@@ -18,7 +18,7 @@ mkdir -p "$logs"
 summary=$logs/summary.txt
 : > "$summary"
 steps=("$@")
-[[ ${#steps[@]} -gt 0 ]] || steps=(env tests bench demo ddp-bench comm-bench sanitizer)
+[[ ${#steps[@]} -gt 0 ]] || steps=(env probe tests bench demo ddp-bench comm-bench sanitizer)
 
 # ---- unpack: the build tree goes back under the path it was configured at ----
 src=$(cat .gpu/source_dir) build=$(cat .gpu/build_dir)
@@ -58,6 +58,12 @@ if want env; then
   step nvidia-smi 30 nvidia-smi
   step ldd 30 bash -c "for f in $B/tests/tensor/tensor_cuda_ops_test $B/tests/comm/comm_collectives_test \
       $B/examples/digits_ddp $B/bench/bench_tensor_cuda; do echo \$f; ldd \$f | grep -E 'not found|cudnn|nccl|cublas|cudart|mpi'; done"
+fi
+if want probe; then
+  # what a host-side wait costs with the GPU to itself, and with two processes on it
+  step probe-alone 60 .gpu/latency_probe
+  step probe-two-at-once 90 bash -c ".gpu/latency_probe > $logs/probe-other.log 2>&1 & .gpu/latency_probe; wait"
+  grep -h -E "kernel|D2D" "$logs/probe-alone.log" "$logs/probe-two-at-once.log" >> "$summary"
 fi
 if want tests; then
   # A crashing test leaves a core; its backtrace goes to the log (cuda-gdb reads cores).
