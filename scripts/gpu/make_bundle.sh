@@ -16,6 +16,10 @@ rm -rf "$out" && mkdir -p "$out/lib"
 # The build tree's test lists (CTestTestfile.cmake and the GoogleTest lists) and the
 # executables the GPU checks run. Test scripts and CTestTestfile.cmake name absolute
 # paths under $PWD; validate.sh links that path to wherever the repository lands.
+# GoogleTest lists are discovered when ctest first reads them after a build
+# (DISCOVERY_MODE PRE_TEST) with this machine's CMake modules: do that here, so the
+# lists that travel are newer than their executables and the GPU machine reuses them.
+ctest --test-dir "$build" -N > /dev/null
 executables=(tests/tensor/tensor_cuda_ops_test tests/tensor/tensor_cuda_runtime_test
              tests/nn/nn_data_cuda_loader_test tests/comm/comm_collectives_test comm/ringrun
              tests/ddp/ddp_multirank_test bench/ddp_step bench/comm_sweep
