@@ -18,5 +18,8 @@ std::shared_ptr<void> record_stream_event(int) { no_cuda(); }
 void wait_for_stream_event(const std::shared_ptr<void>& event) {
   if (event) no_cuda();
 }
+void stream_wait_event(void*, const std::shared_ptr<void>& event) {
+  if (event) no_cuda();
+}
 
 }  // namespace ringtrain::comm

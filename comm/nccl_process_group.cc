@@ -1,4 +1,4 @@
-// nccl_process_group.cc: NcclProcessGroup, NCCL on CUDA buffers (CUDA builds only).
+// nccl_process_group.cc: NcclProcessGroup, NCCL (CUDA builds only).
 //
 // The group owns one NCCL communicator (NcclComm, RAII: ncclCommDestroy, or
 // ncclCommAbort after a failure) and one CUDA stream of its own. The unique id
@@ -6,8 +6,10 @@
 // Each collective is launched on the group's stream; the comm thread then
 // records an event and polls it, checking ncclCommGetAsyncError and the
 // deadline, so a hung NCCL kernel becomes a CommTimeoutError (and an abort of
-// the communicator) instead of a hang. The base class has already waited for
-// the event recorded on the caller's stream, so the inputs are ready.
+// the communicator) instead of a hang. Before the NCCL call the group's stream
+// waits, on the device, for the event the caller's stream recorded when the
+// collective was issued (Collective::ready_event), so the inputs are ready and
+// no thread blocks on them.
 //
 // Host buffers are accepted too, since DDP, the loss scaler and the Trainer
 // exchange small host values (parameter shapes, the overflow flag, metrics)
@@ -20,7 +22,7 @@
 // data, and the ring or mpi backend is the one for large host buffers.
 //
 // NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): on a one-GPU
-// machine, multi-rank tests use the ring backend with host staging instead.
+// machine, multi-rank tests use the ring backend (CUDA IPC or host staging).
 #include <cuda_runtime.h>
 #include <nccl.h>
 

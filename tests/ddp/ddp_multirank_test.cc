@@ -10,7 +10,7 @@
 //
 // RINGTRAIN_TEST_DEVICE=cuda runs the tests that go through train_and_compare with
 // the models and batches on GPU 0 (label cuda: gradients in CUDA buckets, reduced
-// through the ring backend's host staging, or NCCL).
+// through the ring backend (CUDA IPC on one host) or NCCL).
 #include <gtest/gtest.h>
 
 #include <cmath>
