@@ -15,13 +15,16 @@
 //      buffers (reduce-scatter and allgather at once); then records `reduced`;
 //   barrier B (host): every rank has queued that record;
 //   3. a wait for every peer's `reduced`, then a copy of the piece back.
-// The stream first waits, on the device, for the event the caller's stream recorded
-// when the allreduce was issued. The host never waits for the GPU inside the loop: the barriers only order the
-// records before the waits (a wait sees the last record queued before it), and
-// the GPU orders the rest. One synchronization at the end (polled against the
-// deadline) completes the collective. This matters most when several processes
-// share one GPU: each host-side wait then costs a time slice of the GPU (275 us
-// measured on an H100 with two processes, against 10 us for one).
+// The stream first waits, on the device, for the event the caller's stream
+// recorded when the allreduce was issued. The host never waits for the GPU inside
+// the loop: the barriers only order the records before the waits (a wait sees the
+// last record queued before it), and the GPU orders the rest. One synchronization
+// at the end (polled against the deadline) completes the collective. This matters
+// most when several processes share one GPU: each host-side wait then costs a time
+// slice (272 us on an H100 with two processes, 10 us alone; scripts/gpu/
+// latency_probe.cu). The GPU still switches between the processes' work, so an
+// 8-byte allreduce took 611 us there, against 263 us through host staging; from
+// 4 MiB up this path was the faster one (docs/gpu-validation.md).
 // Why it is safe to reuse the buffers and events: no two ranks touch the same
 // chunk between the waits; a rank overwrites its buffer (step 1 of the next piece)
 // only after its step-3 wait for every peer's `reduced`, i.e. after every peer's
@@ -44,14 +47,13 @@
 // through pinned host memory (cuda_staging.cc).
 #include "comm/cuda_ipc_allreduce.h"
 
-#include "comm/cuda_staging.h"
-
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstring>
 #include <thread>
 
+#include "comm/cuda_staging.h"
 #include "tensor/checks.h"
 
 namespace ringtrain::comm {
