@@ -125,18 +125,18 @@ int main(int argc, char** argv) {
   const size_t min_bytes = std::max<size_t>(4, parse_size(min_text));
   const size_t max_bytes = parse_size(max_text);
 
-  Device device = Device::cpu();
-  if (device_text == "cuda") {
-    if (!cuda::is_available()) {
-      std::fprintf(stderr, "comm_sweep: --device cuda, but no usable GPU here: %s\n", cuda::unavailable_reason());
-      return 2;
-    }
-    device = Device::cuda(launch_info().local_rank % cuda::device_count());
-    cuda::set_device(device.index);
+  if (device_text == "cuda" && !cuda::is_available()) {
+    std::fprintf(stderr, "comm_sweep: --device cuda, but no usable GPU here: %s\n", cuda::unavailable_reason());
+    return 2;
   }
   InitOptions options;
   options.backend = backend;
   auto pg = init_process_group(options);
+  Device device = Device::cpu();
+  if (device_text == "cuda") {
+    device = Device::cuda(local_cuda_device());
+    cuda::set_device(device.index);
+  }
   const int rank = pg->rank();
   const int n = pg->size();
   // The MPI reference needs MPI's world to be ours: only under mpirun (mpi:// init).

@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "ddp_step: --device cuda, but no usable GPU here: %s\n", cuda::unavailable_reason());
       return 2;
     }
-    device = Device::cuda(comm::launch_info().local_rank % cuda::device_count());
+    device = Device::cuda(comm::local_cuda_device());
     cuda::set_device(device.index);
   }
   // A step on the GPU has only been queued when the host returns: wait for it.

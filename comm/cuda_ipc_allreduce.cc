@@ -112,19 +112,21 @@ std::unique_ptr<CudaIpcAllreduce> CudaIpcAllreduce::create(RingArgs& args, Store
                std::chrono::duration_cast<std::chrono::milliseconds>(args.deadline - Clock::now()));
   auto shared = std::make_unique<Shared>(device, p, r);
   std::string problem;  // empty: fine so far
-  auto attempt = [&problem](const char* what, cudaError_t status) {
-    if (problem.empty() && status != cudaSuccess) problem = cuda_failure(what, status);
+  // Makes the CUDA call only while nothing has failed yet; a failure becomes `problem`.
+  auto attempt = [&problem](const std::string& what, auto&& call) {
+    if (!problem.empty()) return;
+    if (cudaError_t status = call(); status != cudaSuccess) problem = cuda_failure(what, status);
   };
   Handles mine{};
   if (p > kMaxRanks) problem = detail::concat(p, " ranks on one host; CUDA IPC serves at most ", kMaxRanks);
-  if (problem.empty()) attempt("cudaSetDevice", cudaSetDevice(device));
-  if (problem.empty()) attempt("cudaMalloc", cudaMalloc(&shared->buffers[r], kBufferBytes));
-  if (problem.empty()) attempt("cudaIpcGetMemHandle", cudaIpcGetMemHandle(&mine.buffer, shared->buffers[r]));
   const unsigned flags = cudaEventInterprocess | cudaEventDisableTiming;
-  if (problem.empty()) attempt("cudaEventCreateWithFlags", cudaEventCreateWithFlags(&shared->copied[r], flags));
-  if (problem.empty()) attempt("cudaEventCreateWithFlags", cudaEventCreateWithFlags(&shared->reduced[r], flags));
-  if (problem.empty()) attempt("cudaIpcGetEventHandle", cudaIpcGetEventHandle(&mine.copied, shared->copied[r]));
-  if (problem.empty()) attempt("cudaIpcGetEventHandle", cudaIpcGetEventHandle(&mine.reduced, shared->reduced[r]));
+  attempt("cudaSetDevice", [&] { return cudaSetDevice(device); });
+  attempt("cudaMalloc", [&] { return cudaMalloc(&shared->buffers[r], kBufferBytes); });
+  attempt("cudaIpcGetMemHandle", [&] { return cudaIpcGetMemHandle(&mine.buffer, shared->buffers[r]); });
+  attempt("cudaEventCreateWithFlags", [&] { return cudaEventCreateWithFlags(&shared->copied[r], flags); });
+  attempt("cudaEventCreateWithFlags", [&] { return cudaEventCreateWithFlags(&shared->reduced[r], flags); });
+  attempt("cudaIpcGetEventHandle", [&] { return cudaIpcGetEventHandle(&mine.copied, shared->copied[r]); });
+  attempt("cudaIpcGetEventHandle", [&] { return cudaIpcGetEventHandle(&mine.reduced, shared->reduced[r]); });
   // 1. Publish this rank's handles, or why it has none.
   store.set(handle_key(key, r), problem.empty() ? "H" + std::string(reinterpret_cast<const char*>(&mine), sizeof(mine))
                                                 : "E" + problem);
@@ -140,12 +142,11 @@ std::unique_ptr<CudaIpcAllreduce> CudaIpcAllreduce::create(RingArgs& args, Store
     Handles peer{};
     std::memcpy(&peer, value.data() + 1, sizeof(peer));
     const std::string whose = detail::concat(" of rank ", q);
-    attempt(("cudaIpcOpenMemHandle" + whose).c_str(),
-            cudaIpcOpenMemHandle(&shared->buffers[q], peer.buffer, cudaIpcMemLazyEnablePeerAccess));
-    if (problem.empty()) attempt(("cudaIpcOpenEventHandle" + whose).c_str(),
-                                 cudaIpcOpenEventHandle(&shared->copied[q], peer.copied));
-    if (problem.empty()) attempt(("cudaIpcOpenEventHandle" + whose).c_str(),
-                                 cudaIpcOpenEventHandle(&shared->reduced[q], peer.reduced));
+    attempt("cudaIpcOpenMemHandle" + whose, [&] {
+      return cudaIpcOpenMemHandle(&shared->buffers[q], peer.buffer, cudaIpcMemLazyEnablePeerAccess);
+    });
+    attempt("cudaIpcOpenEventHandle" + whose, [&] { return cudaIpcOpenEventHandle(&shared->copied[q], peer.copied); });
+    attempt("cudaIpcOpenEventHandle" + whose, [&] { return cudaIpcOpenEventHandle(&shared->reduced[q], peer.reduced); });
   }
   // 3. Every rank's verdict: CUDA IPC is used only if all of them opened everything.
   store.set(verdict_key(key, r), problem.empty() ? "ok" : problem);
@@ -173,7 +174,7 @@ void CudaIpcAllreduce::allreduce(RingArgs& args, void* data, size_t count, const
   const size_t element = args.element_bytes();
   const size_t piece_capacity = kBufferBytes / element;
   Shared& s = *shared_;
-  CUDA_CHECK(cudaSetDevice(s.device));
+  cuda::DeviceGuard on_device(s.device);
   auto stream = static_cast<cudaStream_t>(stream_.handle());
   auto wait_for_peers = [&](const std::vector<cudaEvent_t>& events) {
     for (int q = 0; q < p; ++q) {

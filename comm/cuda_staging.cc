@@ -28,7 +28,7 @@ const cuda::Stream& copy_stream(int device) {
 
 void copy_and_wait(void* dst, const void* src, size_t nbytes, cudaMemcpyKind kind, int device) {
   if (nbytes == 0) return;
-  CUDA_CHECK(cudaSetDevice(device));
+  cuda::DeviceGuard on_device(device);
   const cuda::Stream& stream = copy_stream(device);
   CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, kind, static_cast<cudaStream_t>(stream.handle())));
   stream.synchronize();

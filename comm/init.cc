@@ -12,6 +12,7 @@
 #include "comm/backends.h"
 #include "comm/mpi_runtime.h"
 #include "comm/socket.h"
+#include "tensor/cuda/runtime.h"
 
 namespace ringtrain::comm {
 
@@ -148,6 +149,11 @@ std::string random_job_token() {
 }
 
 const LaunchInfo& launch_info() { return g_launch; }
+
+int local_cuda_device() {
+  RT_CHECK(cuda::is_available(), "no usable GPU for this rank: ", cuda::unavailable_reason());
+  return g_launch.local_rank % cuda::device_count();
+}
 
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   const EnvMap env = current_environment();

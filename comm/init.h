@@ -35,6 +35,9 @@ struct InitOptions {
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options = {});
 // What init_process_group resolved for this process (valid after it returned).
 const LaunchInfo& launch_info();
+// The GPU this process uses unless told otherwise: its local rank modulo the GPUs
+// of this node (valid after init_process_group). Throws when no GPU is usable.
+int local_cuda_device();
 // 32 hex characters from /dev/urandom.
 std::string random_job_token();
 

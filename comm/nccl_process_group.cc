@@ -110,8 +110,7 @@ class NcclProcessGroup final : public ProcessGroup {
       throw CommError(detail::concat("nccl backend: no usable GPU (", cuda::unavailable_reason(),
                                      "); use the ring or mpi backend"));
     }
-    device_ = options().cuda_device >= 0 ? options().cuda_device
-                                         : launch_info().local_rank % cuda::device_count();
+    device_ = options().cuda_device >= 0 ? options().cuda_device : local_cuda_device();
     cuda::set_device(device_);
     ncclUniqueId id;
     const std::string key = this->context().prefix + "/nccl_unique_id";
@@ -138,13 +137,7 @@ class NcclProcessGroup final : public ProcessGroup {
 
   void run(const Collective& collective, Deadline deadline) override {
     // Host buffers may run inline on the caller's thread: leave its device as it was.
-    int caller_device = 0;
-    CUDA_CHECK(cudaGetDevice(&caller_device));
-    struct RestoreDevice {
-      int index;
-      ~RestoreDevice() { cudaSetDevice(index); }
-    } restore{caller_device};
-    CUDA_CHECK(cudaSetDevice(device_));
+    cuda::DeviceGuard on_group_device(device_);
     auto stream = static_cast<cudaStream_t>(stream_.handle());
     // 1. Host buffers move to device scratch memory (see the file comment).
     Collective c = collective;

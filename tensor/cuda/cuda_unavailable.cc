@@ -85,6 +85,8 @@ float Event::elapsed_ms(const Event&) const { no_cuda("Event::elapsed_ms"); }
 
 Stream current_stream(int) { no_cuda("cuda::current_stream"); }
 void set_current_stream(const Stream&) { no_cuda("cuda::set_current_stream"); }
+DeviceGuard::DeviceGuard(int) { no_cuda("cuda::DeviceGuard"); }
+DeviceGuard::~DeviceGuard() = default;
 StreamGuard::StreamGuard(const Stream&) { no_cuda("StreamGuard"); }
 StreamGuard::~StreamGuard() = default;
 

@@ -1,7 +1,7 @@
 // internal.cuh: host-side helpers shared by the CUDA translation units of the
 // tensor library (runtime.cc, caching_allocator.cc and the *.cu kernel files).
 //
-// defines: DeviceGuard (set the current CUDA device for a scope, restore after),
+// defines: DeviceGuard (runtime.h's, set the current CUDA device for a scope),
 //          raw_stream(device) (the cudaStream_t that ops launch on),
 //          require_cuda(op, device) (a clear error when no GPU is usable),
 //          cuda_device_of(tensor...) (the device index of CUDA operands).
@@ -21,26 +21,8 @@
 
 namespace ringtrain::cuda::detail {
 
-// Makes `device` the current CUDA device for this scope and restores the
-// previous one on exit. Not copyable or movable: it guards one scope.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) CUDA_CHECK(cudaSetDevice(device));
-    current_ = device;
-  }
-  ~DeviceGuard() {
-    // A destructor must not throw; restoring can only fail if the runtime is gone.
-    if (previous_ != current_) (void)cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-  int current_ = 0;
-};
+// The public guard (runtime.h), under the name the kernel files use.
+using DeviceGuard = ::ringtrain::cuda::DeviceGuard;
 
 // Throws ringtrain::Error naming `op` when CUDA is unusable or `device` is out of range.
 inline void require_cuda(const char* op, int device) {

@@ -248,6 +248,17 @@ void set_current_stream(const Stream& stream) {
   table[stream.device()] = stream.handle();
 }
 
+DeviceGuard::DeviceGuard(int index) {
+  CUDA_CHECK(cudaGetDevice(&previous_));
+  if (previous_ != index) CUDA_CHECK(cudaSetDevice(index));
+  current_ = index;
+}
+
+DeviceGuard::~DeviceGuard() {
+  // A destructor must not throw; restoring can only fail if the runtime is gone.
+  if (previous_ != current_) (void)cudaSetDevice(previous_);
+}
+
 StreamGuard::StreamGuard(const Stream& stream) : device_(stream.device()) {
   previous_ = current_stream(device_).handle();
   set_current_stream(stream);

@@ -1,7 +1,7 @@
 // runtime.h: CUDA devices, streams, events and the caching allocator, as plain C++
 // types that compile without CUDA headers.
 //
-// defines: is_available, device_count, Stream, Event, current_stream /
+// defines: is_available, device_count, DeviceGuard, Stream, Event, current_stream /
 //          set_current_stream / StreamGuard, CachingAllocator entry points.
 //
 // Handles are stored as opaque pointers so that code which never touches a GPU
@@ -33,6 +33,20 @@ int device_count();  // 0 when !is_available()
 const char* unavailable_reason();
 void set_device(int index);
 void synchronize_device(int index);
+
+// Makes `index` the current CUDA device for this scope and restores the previous
+// one on exit. Not copyable or movable: it guards one scope.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int index);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+  int current_ = 0;
+};
 
 class Stream {
  public:
