@@ -1,6 +1,10 @@
 // device_parser_test.cc: Lightning's `gpus`/`devices` spellings, as a table.
 #include "slurm/device_parser.h"
 
+#include <ostream>
+#include <string>
+#include <vector>
+
 #include <gtest/gtest.h>
 
 #include "slurm/subprocess.h"
@@ -14,6 +18,12 @@ struct Case {
   int available;
   std::vector<int> expected;  // empty: CPU
 };
+
+// gtest prints a parameter it cannot format as its raw bytes, pointers included, and CMake's
+// gtest_discover_tests would put those bytes into the test name (a different name every run).
+// So both tables print their rows, and the tests are named after them: Parses/'1,3' with 4 GPUs.
+void PrintTo(const Case& c, std::ostream* os) { *os << "'" << c.spec << "' with " << c.available << " GPUs"; }
+
 
 class DeviceParseOk : public ::testing::TestWithParam<Case> {};
 
@@ -43,6 +53,8 @@ struct BadCase {
   int available;
   std::string needle;  // the message must contain it
 };
+
+void PrintTo(const BadCase& c, std::ostream* os) { *os << "'" << c.spec << "' with " << c.available << " GPUs"; }
 
 class DeviceParseError : public ::testing::TestWithParam<BadCase> {};
 
