@@ -5,6 +5,7 @@
 #   BUILD_DIR=build       where to build
 #   RINGTRAIN_CUDA=AUTO   AUTO builds the CUDA parts when /usr/local/cuda/bin/nvcc exists
 #   JOBS=$(nproc)         parallel compile jobs
+#   SETUP_BUILD=0         install the packages only (scripts/sanitize.sh builds its own folder)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,5 +32,6 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
+[ "${SETUP_BUILD:-1}" = 0 ] && exit 0
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRINGTRAIN_CUDA="$RINGTRAIN_CUDA"
 cmake --build "$BUILD_DIR" -j "$JOBS"
