@@ -20,8 +20,10 @@
 // 1 (row stride 1 -> column-major map, column stride 1 -> row-major map); other
 // operands are first copied to a contiguous buffer.
 //
-// Single-threaded on purpose: data-parallel training runs one rank per core; the
-// library is built without OpenMP and Eigen::setNbThreads(1) is pinned anyway.
+// Single-threaded on purpose: data-parallel training runs one rank per core. Eigen
+// parallelises its GEMM only under OpenMP, and this file refuses to build with it
+// (below). No Eigen::setNbThreads(1) per call: it writes one global that the replica
+// threads of DataParallel would write at once (a data race ThreadSanitizer reported).
 // f16/bf16: both operands converted to f32, multiplied with f32 accumulation (as
 // cuBLAS does) and rounded once on store. Integer dtypes are rejected.
 #include <cstdint>
@@ -29,6 +31,10 @@
 #include <vector>
 
 #include <Eigen/Core>
+
+#ifdef EIGEN_HAS_OPENMP
+#error "tensor/cpu/matmul.cc assumes Eigen without OpenMP (one thread per rank); build without -fopenmp"
+#endif
 
 #include "tensor/checks.h"
 #include "tensor/cpu/loops.h"
@@ -310,7 +316,6 @@ void batched_matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
   RT_CHECK(is_floating_point(a.dtype()), "matmul: floating-point dtypes only, got ", a.describe());
   RT_CHECK(out.is_contiguous(), "matmul (cpu kernel): output ", out.describe(), " must be contiguous");
   if (out.numel() == 0) return;
-  Eigen::setNbThreads(1);
   dispatch_dtype(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     if constexpr (detail::kIsFloat<T>) batched_matmul_typed<T>(a, b, out);
