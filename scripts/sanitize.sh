@@ -43,6 +43,6 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export ASAN_OPTIONS=halt_on_error=1:fast_unwind_on_malloc=0:abort_on_error=0:detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1
 export LSAN_OPTIONS=suppressions=$supp/lsan.supp:print_suppressions=0
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:suppressions=$supp/ubsan.supp
-export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp:report_signal_unsafe=0
+export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp
 [[ $# -gt 0 ]] || set -- -L "unit|mpi|bench-smoke"
 ctest --test-dir "$BUILD_DIR" --output-on-failure --timeout 900 -j "${CTEST_JOBS:-2}" "$@"
