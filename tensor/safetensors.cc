@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -180,7 +181,13 @@ SafetensorsFile load_safetensors(const std::string& path) {
       if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] > data_size)
         throw fail("tensor '" + name + "' has data_offsets outside the " + std::to_string(data_size) +
                    "-byte data section (truncated?)");
-      uint64_t expected = static_cast<uint64_t>(shape_numel(shape)) * dtype_size(dtype);
+      // The byte count, checked for overflow: a shape whose product wraps around (to 0, say)
+      // would otherwise match a short or empty range and claim storage it does not have.
+      std::optional<uint64_t> bytes = checked_byte_count(shape, dtype_size(dtype));
+      if (!bytes)
+        throw fail("tensor '" + name + "' " + dtype_name(dtype) + shape_str(shape) +
+                   " is too large (its byte count overflows 63 bits)");
+      const uint64_t expected = *bytes;
       if (offsets[1] - offsets[0] != expected)
         throw fail("tensor '" + name + "' " + dtype_name(dtype) + shape_str(shape) + " needs " +
                    std::to_string(expected) + " bytes but its offsets span " +

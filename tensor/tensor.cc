@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <iomanip>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <sstream>
@@ -26,6 +27,16 @@ int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
   for (int64_t s : shape) n *= s;
   return n;
+}
+
+std::optional<uint64_t> checked_byte_count(const Shape& shape, size_t element_size) {
+  uint64_t bytes = element_size;
+  for (int64_t s : shape) {
+    if (s < 0 || __builtin_mul_overflow(bytes, static_cast<uint64_t>(s), &bytes) ||
+        bytes > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      return std::nullopt;
+  }
+  return bytes;
 }
 
 Shape contiguous_strides(const Shape& shape) {

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -36,6 +37,10 @@ using Shape = std::vector<int64_t>;
 
 std::string shape_str(const Shape& shape);  // "[2, 3]"
 int64_t shape_numel(const Shape& shape);
+// Bytes of a contiguous `shape` of `element_size`-byte elements, or nullopt when a dim is
+// negative or the count does not fit in int64. For shapes read from files, whose product
+// could otherwise wrap around (to 0, say) and pass a size check.
+std::optional<uint64_t> checked_byte_count(const Shape& shape, size_t element_size);
 Shape contiguous_strides(const Shape& shape);
 
 namespace autograd {

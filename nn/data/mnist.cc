@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <type_traits>
 #include <vector>
@@ -97,13 +98,15 @@ Tensor read_idx(const std::string& path, DType dtype, double scale) {
                                     std::to_string(bytes.size()));
   }
   Shape shape;
-  size_t count = 1;
-  for (unsigned d = 0; d < ndim; ++d) {
-    uint32_t n = read_be32(p + 4 + 4 * d);
-    shape.push_back(n);
-    count *= n;
+  for (unsigned d = 0; d < ndim; ++d) shape.push_back(read_be32(p + 4 + 4 * d));
+  // Checked: up to 255 dims of 2^32 could wrap the product around and "match" a short file.
+  const std::optional<uint64_t> data_bytes = checked_byte_count(shape, elem);
+  if (!data_bytes) {
+    throw FileFormatError(path, std::string("header declares ") + type_name + shape_str(shape) +
+                                    ", too large (its byte count overflows 63 bits)");
   }
-  const size_t expected = header + count * elem;
+  const size_t count = static_cast<size_t>(*data_bytes / elem);
+  const size_t expected = header + *data_bytes;
   if (bytes.size() != expected) {
     throw FileFormatError(path, std::string(bytes.size() < expected ? "truncated" : "trailing bytes") +
                                     ": header says " + type_name + shape_str(shape) + " = " +

@@ -129,6 +129,11 @@ TEST_F(DataFilesTest, BadMagicTruncatedAndTrailingBytes) {
   expect_file_error([&] { read_idx(path("trail")); }, path("trail"), "trailing bytes");
   write("hdr", bytes.substr(0, 6));
   expect_file_error([&] { read_idx(path("hdr")); }, path("hdr"), "truncated header");
+  // u8, 4 dims of 65536: 2^64 elements, which wraps to 0 in 64 bits, so a file of the
+  // header alone would have passed the size check with a tensor claiming 2^64 elements.
+  write("huge", std::string("\0\0\x08\x04", 4) + std::string("\0\x01\0\0", 4) + std::string("\0\x01\0\0", 4) +
+                    std::string("\0\x01\0\0", 4) + std::string("\0\x01\0\0", 4));
+  expect_file_error([&] { read_idx(path("huge")); }, path("huge"), "too large");
 }
 
 TEST_F(DataFilesTest, TruncatedGzipIsReported) {

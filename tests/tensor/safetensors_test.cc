@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <typeinfo>
 
 #include "tensor/ops.h"
 
@@ -141,6 +142,63 @@ TEST_F(SafetensorsTest, CorruptHeadersAreRejected) {
   expect_load_error(path("c.safetensors"), "overlap");
   write_bytes(path("c.safetensors"), make_file(R"({"w":{"dtype":"F32","shape":[1]}})", std::string(4, '\0')));
   expect_load_error(path("c.safetensors"), "malformed");
+  // 2^32 x 2^32 x 4 bytes wraps to 0 in 64 bits: without an overflow check the empty
+  // data range would "match" and the tensor would claim 2^64 elements over no storage.
+  write_bytes(path("c.safetensors"),
+              make_file(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})", ""));
+  expect_load_error(path("c.safetensors"), "too large");
+  write_bytes(path("c.safetensors"),
+              make_file(R"({"w":{"dtype":"F64","shape":[2305843009213693952],"data_offsets":[0,0]}})", ""));
+  expect_load_error(path("c.safetensors"), "too large");
+}
+
+// Every way a file can be damaged one byte at a time, and every truncation: the loader
+// either returns tensors or throws ringtrain::Error naming the file. Never another
+// exception type (a JSON library's type_error, std::bad_alloc from a huge shape), never a
+// crash or an out-of-bounds read (this test also runs under AddressSanitizer:
+// scripts/sanitize.sh address).
+TEST_F(SafetensorsTest, EveryOneByteCorruptionAndTruncationLoadsOrThrowsError) {
+  save_safetensors(path("good.safetensors"),
+                   {{"weight", arange(0, 6).reshape({2, 3})},
+                    {"bias", full({3}, 0.5, DType::kFloat64)},
+                    {"step", full({1}, 7, DType::kInt64)},
+                    {"half", ones({2}, DType::kBFloat16)}},
+                   {{"format", "pt"}});
+  const std::string good = read_bytes(path("good.safetensors"));
+  const std::string p = path("bad.safetensors");
+  int loaded = 0, rejected = 0;
+  auto try_load = [&](const std::string& bytes, const std::string& what) {
+    write_bytes(p, bytes);
+    try {
+      SafetensorsFile file = load_safetensors(p);
+      // Read every element (a storage shorter than the shape says would show here,
+      // under ASan as an out-of-bounds read).
+      for (const auto& [name, tensor] : file.tensors) (void)tensor.to(DType::kFloat64);
+      ++loaded;
+    } catch (const Error& e) {
+      ASSERT_NE(std::string(e.what()).find(p), std::string::npos) << what << ": " << e.what();
+      ++rejected;
+    } catch (const std::exception& e) {
+      FAIL() << what << ": threw a " << typeid(e).name() << " instead of ringtrain::Error: " << e.what();
+    }
+  };
+  const unsigned char replacements[] = {0x00, 0xff, '0', '9', '-', '"', '{', '}', '[', ']', ',', ':'};
+  for (size_t i = 0; i < good.size(); ++i) {
+    for (unsigned char r : replacements) {
+      if (static_cast<unsigned char>(good[i]) == r) continue;
+      std::string bytes = good;
+      bytes[i] = static_cast<char>(r);
+      try_load(bytes, "byte " + std::to_string(i) + " set to " + std::to_string(r));
+      if (HasFatalFailure()) return;
+    }
+  }
+  for (size_t n = 0; n < good.size(); ++n) {
+    try_load(good.substr(0, n), "truncated to " + std::to_string(n) + " bytes");
+    if (HasFatalFailure()) return;
+  }
+  // Both outcomes happen: data bytes can take any value, header bytes mostly cannot.
+  EXPECT_GT(loaded, 0);
+  EXPECT_GT(rejected, static_cast<int>(good.size()));
 }
 
 TEST_F(SafetensorsTest, MissingFileAndDirectoryNameThePath) {
