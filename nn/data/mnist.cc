@@ -105,7 +105,7 @@ Tensor read_idx(const std::string& path, DType dtype, double scale) {
     throw FileFormatError(path, std::string("header declares ") + type_name + shape_str(shape) +
                                     ", too large (its byte count overflows 63 bits)");
   }
-  const size_t count = static_cast<size_t>(*data_bytes / elem);
+  const size_t count = static_cast<size_t>(shape_numel(shape));  // fits: checked above
   const size_t expected = header + *data_bytes;
   if (bytes.size() != expected) {
     throw FileFormatError(path, std::string(bytes.size() < expected ? "truncated" : "trailing bytes") +
