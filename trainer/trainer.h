@@ -82,11 +82,11 @@ struct TrainerOptions {
   int accumulate_grad_batches = 1;
   double gradient_clip_val = 0;     // 0: no clipping (global L2 norm otherwise)
   uint64_t seed = 0;                // data order (DistributedSampler) and default generator
-  std::string checkpoint_dir;       // empty: no checkpoints
+  std::string checkpoint_dir{};     // empty: no checkpoints
   int keep_last = 3;
   std::string resume = "auto";      // auto (newest valid, if any), never, or a checkpoint stem
-  std::string metrics_csv;          // per-epoch metrics (rank 0)
-  std::string step_log_csv;         // per-step loss log (rank 0), for exact-replay checks
+  std::string metrics_csv{};        // per-epoch metrics (rank 0)
+  std::string step_log_csv{};       // per-step loss log (rank 0), for exact-replay checks
   bool progress_bar = true;         // rank 0
   std::string requeue_signal = "SIGUSR1";
   // For tests: behave as if the requeue signal arrived after this many steps (-1: never).

@@ -64,7 +64,9 @@ TEST(LossScalerTest, ScaleSequenceUnderInjectedOverflowsFollowsTheRule) {
     EXPECT_EQ(stepped, !overflow[step]) << "step " << step;
     EXPECT_EQ(ran, !overflow[step]) << "step " << step;
     EXPECT_EQ(scaler.step_skipped(), overflow[step]);
-    if (!overflow[step]) EXPECT_EQ(grad.to_vector<float>(), std::vector<float>(4, 0.5f));  // unscaled
+    if (!overflow[step]) {
+      EXPECT_EQ(grad.to_vector<float>(), std::vector<float>(4, 0.5f));  // unscaled
+    }
     scaler.update();
     EXPECT_EQ(scaler.get_scale(), expected[step]) << "step " << step;
   }
