@@ -129,6 +129,8 @@ Tensor div(const Tensor& a, const Tensor& b) {
 }
 
 // pow: y = a ^ b  ->  g * b * a^(b-1), g * y * log(a)
+// As in PyTorch, the limits are taken where the formulas give 0 * inf: d/da is 0 where b == 0
+// (b * a^(b-1) at a = 0), and d/db is 0 where a == 0 and b >= 0 (y * log(a) = 0 * -inf).
 Tensor pow(const Tensor& a, const Tensor& b) {
   Tensor y = rt::pow(a, b);
   return record("pow", {a, b}, y, {a, b, y},
@@ -136,10 +138,14 @@ Tensor pow(const Tensor& a, const Tensor& b) {
                   const Tensor& a = c.saved(0);
                   const Tensor& b = c.saved(1);
                   return {maybe(c.needs(0), [&] {
-                            return unbroadcast(rt::mul(rt::mul(g, b), rt::pow(a, rt::sub(b, 1.0))), sa);
+                            Tensor local = rt::masked_fill(rt::mul(b, rt::pow(a, rt::sub(b, 1.0))),
+                                                           rt::eq(b, 0.0), 0.0);
+                            return unbroadcast(rt::mul(g, local), sa);
                           }),
                           maybe(c.needs(1), [&] {
-                            return unbroadcast(rt::mul(rt::mul(g, c.saved(2)), rt::log(a)), sb);
+                            Tensor at_zero = rt::mul(rt::eq(a, 0.0), rt::ge(b, rt::zeros_like(b)));
+                            Tensor local = rt::masked_fill(rt::mul(c.saved(2), rt::log(a)), at_zero, 0.0);
+                            return unbroadcast(rt::mul(g, local), sb);
                           })};
                 });
 }
@@ -184,9 +190,11 @@ Tensor div(const Tensor& a, double s) {
                 [s](const Tensor& g, Ctx&) -> Grads { return {rt::div(g, s)}; });
 }
 
-// pow: a ^ p  ->  g * p * a^(p-1)
+// pow: a ^ p  ->  g * p * a^(p-1); for p == 0 the derivative is 0 everywhere (PyTorch's
+// masked_fill), where the formula would give 0 * inf = NaN at a = 0.
 Tensor pow(const Tensor& a, double p) {
   return record("pow", {a}, rt::pow(a, p), {a}, [p](const Tensor& g, Ctx& c) -> Grads {
+    if (p == 0.0) return {rt::mul(g, 0.0)};
     return {rt::mul(g, rt::mul(rt::pow(c.saved(0), p - 1.0), p))};
   });
 }

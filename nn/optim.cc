@@ -272,7 +272,9 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
   }
   double total = std::sqrt(total_sq);
   double coef = max_norm / (total + 1e-6);
-  if (coef < 1.0)
+  // As torch.nn.utils.clip_grad_norm_ (which multiplies by clamp(coef, max=1)): a NaN norm
+  // makes every gradient NaN rather than leaving them unclipped, so the overflow is visible.
+  if (coef < 1.0 || std::isnan(coef))
     for (Tensor& g : grads) mul_(g, coef);
   return total;
 }

@@ -14,6 +14,7 @@
 #include <numeric>
 
 #include "tensor/kernels.h"
+#include "tensor/memory_overlap.h"
 
 namespace ringtrain {
 
@@ -147,9 +148,17 @@ Tensor reduce_op(ReduceOp op, const Tensor& a, const std::vector<int64_t>& dims,
   return out.view(squeezed);
 }
 
+// Positions a window of `window` elements takes along an axis of `extent` (padding included)
+// in steps of `stride`: (extent - window) / stride + 1, and 0 when the window does not fit.
+// (C++ division rounds toward zero, so without the check a window one larger than the input
+// would give (-1) / 2 + 1 = 1 position.)
+int64_t window_positions(int64_t extent, int64_t window, int64_t stride) {
+  return extent < window ? 0 : (extent - window) / stride + 1;
+}
+
 Shape conv_output_shape(const Shape& in, const Shape& w, const Conv2dParams& p) {
-  int64_t ho = (in[2] + 2 * p.pad_h - p.dilation_h * (w[2] - 1) - 1) / p.stride_h + 1;
-  int64_t wo = (in[3] + 2 * p.pad_w - p.dilation_w * (w[3] - 1) - 1) / p.stride_w + 1;
+  int64_t ho = window_positions(in[2] + 2 * p.pad_h, p.dilation_h * (w[2] - 1) + 1, p.stride_h);
+  int64_t wo = window_positions(in[3] + 2 * p.pad_w, p.dilation_w * (w[3] - 1) + 1, p.stride_w);
   return {in[0], w[0], ho, wo};
 }
 
@@ -176,8 +185,8 @@ Shape pool_output_shape(const Tensor& input, const Pool2dParams& p, const char* 
            ": kernel and stride must be positive");
   RT_CHECK(p.pad_h >= 0 && 2 * p.pad_h <= p.kernel_h && p.pad_w >= 0 && 2 * p.pad_w <= p.kernel_w, op,
            ": padding must be at most half the kernel size");
-  int64_t ho = (input.size(2) + 2 * p.pad_h - p.kernel_h) / p.stride_h + 1;
-  int64_t wo = (input.size(3) + 2 * p.pad_w - p.kernel_w) / p.stride_w + 1;
+  int64_t ho = window_positions(input.size(2) + 2 * p.pad_h, p.kernel_h, p.stride_h);
+  int64_t wo = window_positions(input.size(3) + 2 * p.pad_w, p.kernel_w, p.stride_w);
   RT_CHECK(ho > 0 && wo > 0, op, ": window ", p.kernel_h, "x", p.kernel_w, " is larger than ",
            input.describe());
   return {input.size(0), input.size(1), ho, wo};
@@ -297,6 +306,7 @@ Tensor& add_(Tensor& a, const Tensor& b, double alpha) {
   RT_CHECK(shape == a.shape(), "add_: cannot add ", b.describe(), " into ", a.describe(),
            " in place: the result would have shape ", shape_str(shape));
   if (a.numel() == 0) return a;
+  check_in_place(a, b.expand(shape), "add_");
   if (alpha == 1.0) {
     RT_KERNEL(a, binary)(BinaryOp::kAdd, a, b.expand(shape), a);
   } else {
@@ -314,7 +324,10 @@ Tensor& mul_(Tensor& a, const Tensor& b) {
   Shape shape = broadcast_shapes(a.shape(), b.shape(), "mul_");
   RT_CHECK(shape == a.shape(), "mul_: cannot multiply ", a.describe(), " by ", b.describe(),
            " in place: the result would have shape ", shape_str(shape));
-  if (a.numel() > 0) RT_KERNEL(a, binary)(BinaryOp::kMul, a, b.expand(shape), a);
+  if (a.numel() > 0) {
+    check_in_place(a, b.expand(shape), "mul_");
+    RT_KERNEL(a, binary)(BinaryOp::kMul, a, b.expand(shape), a);
+  }
   a.bump_version();
   return a;
 }
@@ -686,6 +699,7 @@ Tensor& index_add_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& sr
            shape_str(expected), " for index ", index.describe(), " into ", a.describe());
   RT_CHECK(a.is_contiguous(), "index_add_: destination must be contiguous, got strides ",
            shape_str(a.strides()));
+  check_in_place(a, src, "index_add_");
   if (src.numel() > 0) RT_KERNEL(a, index_add)(a, d, index.contiguous(), src.contiguous());
   a.bump_version();
   return a;

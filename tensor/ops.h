@@ -65,7 +65,24 @@ class Generator {
   uint64_t offset_ = 0;  // number of 32-bit words consumed
 };
 
-Generator& default_generator();  // process-wide, seed 0 until manual_seed
+// The process-wide generator (seed 0 until manual_seed), or, on a thread inside a
+// ScopedDefaultGenerator, that scope's generator.
+Generator& default_generator();
+
+// Makes default_generator() return `gen` on this thread until the scope ends. Threads that
+// run model code concurrently (DataParallel's replicas) each get their own stream this way:
+// sharing the process-wide one would be a data race, and the order the threads draw in would
+// decide who gets which numbers.
+class ScopedDefaultGenerator {
+ public:
+  explicit ScopedDefaultGenerator(Generator& gen);
+  ~ScopedDefaultGenerator();
+  ScopedDefaultGenerator(const ScopedDefaultGenerator&) = delete;
+  ScopedDefaultGenerator& operator=(const ScopedDefaultGenerator&) = delete;
+
+ private:
+  Generator* previous_;
+};
 
 Tensor& uniform_(Tensor& t, double low, double high, Generator& gen);
 Tensor& normal_(Tensor& t, double mean, double stddev, Generator& gen);

@@ -61,10 +61,19 @@ double Generator::next_uniform() {
   return word_to_unit(word);
 }
 
+namespace {
+thread_local Generator* thread_default_generator = nullptr;  // set by ScopedDefaultGenerator
+}  // namespace
+
 Generator& default_generator() {
   static Generator generator(0);
-  return generator;
+  return thread_default_generator != nullptr ? *thread_default_generator : generator;
 }
+
+ScopedDefaultGenerator::ScopedDefaultGenerator(Generator& gen) : previous_(thread_default_generator) {
+  thread_default_generator = &gen;
+}
+ScopedDefaultGenerator::~ScopedDefaultGenerator() { thread_default_generator = previous_; }
 
 Tensor& uniform_(Tensor& t, double low, double high, Generator& gen) {
   RT_CHECK(low <= high, "uniform_: low ", low, " is greater than high ", high);

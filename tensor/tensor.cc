@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "tensor/kernels.h"
+#include "tensor/memory_overlap.h"
 
 namespace ringtrain {
 
@@ -25,7 +26,9 @@ std::string shape_str(const Shape& shape) {
 
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t s : shape) n *= s;
+  for (int64_t s : shape)
+    RT_CHECK(!__builtin_mul_overflow(n, s, &n), "shape ", shape_str(shape),
+             " has more elements than an int64 can count");
   return n;
 }
 
@@ -61,9 +64,11 @@ int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t s : shape)
     RT_CHECK(s >= 0, "Tensor::empty: negative size in shape ", shape_str(shape));
+  std::optional<uint64_t> bytes = checked_byte_count(shape, dtype_size(dtype));
+  RT_CHECK(bytes.has_value(), "Tensor::empty: shape ", shape_str(shape), " of ", dtype_name(dtype),
+           " needs more than 2^63 bytes");
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage =
-      std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device);
+  impl->storage = std::make_shared<Storage>(static_cast<size_t>(*bytes), device);
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
@@ -74,6 +79,25 @@ Tensor Tensor::from_storage(std::shared_ptr<Storage> storage, const Shape& shape
                             int64_t offset, DType dtype) {
   RT_CHECK(shape.size() == strides.size(), "Tensor::from_storage: shape ", shape_str(shape),
            " and strides ", shape_str(strides), " differ in rank");
+  RT_CHECK(storage != nullptr, "Tensor::from_storage: null storage");
+  // Every element the view can reach must lie inside the storage: the last one is at
+  // offset + sum((size - 1) * stride), in elements.
+  RT_CHECK(offset >= 0, "Tensor::from_storage: negative offset ", offset);
+  if (shape_numel(shape) > 0) {
+    uint64_t last = static_cast<uint64_t>(offset);
+    bool overflow = false;
+    for (size_t d = 0; d < shape.size(); ++d) {
+      RT_CHECK(strides[d] >= 0, "Tensor::from_storage: negative stride in ", shape_str(strides));
+      uint64_t reach = 0;
+      overflow |= __builtin_mul_overflow(static_cast<uint64_t>(shape[d] - 1),
+                                         static_cast<uint64_t>(strides[d]), &reach);
+      overflow |= __builtin_add_overflow(last, reach, &last);
+    }
+    const uint64_t elements = storage->nbytes() / dtype_size(dtype);
+    RT_CHECK(!overflow && last < elements, "Tensor::from_storage: shape ", shape_str(shape), " strides ",
+             shape_str(strides), " offset ", offset, " reach past the storage's ", elements, " ",
+             dtype_name(dtype), " elements");
+  }
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::move(storage);
   impl->shape = shape;
@@ -138,7 +162,8 @@ Shape infer_shape(const Shape& requested, int64_t numel, const char* op, const T
       infer_at = static_cast<int>(i);
     } else {
       RT_CHECK(shape[i] >= 0, op, ": invalid size ", shape[i], " in shape ", shape_str(requested));
-      known *= shape[i];
+      RT_CHECK(!__builtin_mul_overflow(known, shape[i], &known), op, ": shape ", shape_str(requested),
+               " has more elements than an int64 can count");
     }
   }
   if (infer_at >= 0) {
@@ -358,6 +383,8 @@ Tensor& Tensor::copy_(const Tensor& src) {
   RT_CHECK(defined() && src.defined(), "Tensor::copy_: undefined tensor");
   Tensor source = src.shape() == shape() ? src : src.expand(shape());
   if (numel() == 0) return *this;
+  check_in_place(*this, source, "Tensor::copy_");
+  if (memory_overlap(*this, source) == MemoryOverlap::kSame && dtype() == source.dtype()) return *this;
   bump_version();
   if (device() == source.device()) {
     (device().is_cuda() ? kernels::cuda::copy : kernels::cpu::copy)(*this, source);

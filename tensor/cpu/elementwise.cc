@@ -21,6 +21,7 @@
 // zero divisor throws (never SIGFPE), exp/log/sqrt/gelu/tanh/sigmoid are float-only.
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include <Eigen/Core>
 #include <unsupported/Eigen/SpecialFunctions>
@@ -72,18 +73,52 @@ void unary_contiguous(UnaryOp op, const C* x, C* y, int64_t n) {
     case UnaryOp::kRelu:  // NaN stays NaN (NaN < 0 is false)
       for (int64_t i = 0; i < n; ++i) y[i] = x[i] < C(0) ? C(0) : x[i];
       break;
-    case UnaryOp::kExp: apply_vectorized(x, y, n, [](auto X, auto Y) { Y = X.exp(); }); break;
-    case UnaryOp::kLog: apply_vectorized(x, y, n, [](auto X, auto Y) { Y = X.log(); }); break;
-    case UnaryOp::kSqrt: apply_vectorized(x, y, n, [](auto X, auto Y) { Y = X.sqrt(); }); break;
+    case UnaryOp::kExp:
+      apply_vectorized(x, y, n, [](auto X, auto Y) { Y = X.exp(); });
+      detail::fix_exp_underflow(x, y, n);
+      break;
+    case UnaryOp::kLog:
+      apply_vectorized(x, y, n, [](auto X, auto Y) { Y = X.log(); });
+      // Eigen's plog treats subnormal inputs as the smallest normal (log(1e-45f) came out as
+      // -87.3 instead of -103.3): recompute those by value.
+      for (int64_t i = 0; i < n; ++i)
+        if (x[i] > C(0) && x[i] < std::numeric_limits<C>::min()) y[i] = std::log(x[i]);
+      break;
+    case UnaryOp::kSqrt:
+      // Correctly rounded, as IEEE sqrt (and PyTorch) is. Eigen's float psqrt is, under its
+      // default EIGEN_FAST_MATH, an approximate rsqrt plus one Newton step (off by up to 2 ulp,
+      // subnormals flushed to 0): Adam's denominator would differ from PyTorch's. Its double
+      // psqrt is the exact vsqrtpd, and rounding an exact-in-double sqrt of a float to float is
+      // correctly rounded (53 >= 2 * 24 + 2 bits), so floats go through double.
+      apply_vectorized(x, y, n, [](auto X, auto Y) { Y = X.template cast<double>().sqrt().template cast<C>(); });
+      break;
     case UnaryOp::kTanh: apply_vectorized(x, y, n, [](auto X, auto Y) { Y = X.tanh(); }); break;
-    case UnaryOp::kSigmoid: apply_vectorized(x, y, n, [](auto X, auto Y) { Y = X.logistic(); }); break;
+    case UnaryOp::kSigmoid:
+      apply_vectorized(x, y, n, [](auto X, auto Y) { Y = X.logistic(); });
+      // Far below 0, sigmoid(x) = e^x / (1 + e^x) rounds to e^x, which Eigen's logistic
+      // clamps like exp (sigmoid(-inf) was 2.9e-39 for float): recompute those by value.
+      detail::fix_exp_underflow(x, y, n);
+      break;
     case UnaryOp::kGelu:
       apply_vectorized(x, y, n, [](auto X, auto Y) { Y = C(0.5) * X * (C(1) + (X * C(kInvSqrt2)).erf()); });
       break;
     case UnaryOp::kGeluGrad:
+      // Phi(x) + x * phi(x). Where -x^2/2 is below exp's normal range, Eigen's clamped exp left a
+      // tiny non-zero x * phi(x) (and inf * 2.9e-39 = inf at x = +-inf for float, inf * 0 = NaN
+      // for double): those elements are recomputed with std functions, and x = +-inf gets the
+      // limits 1 and 0.
       apply_vectorized(x, y, n, [](auto X, auto Y) {
         Y = C(0.5) * (C(1) + (X * C(kInvSqrt2)).erf()) + X * (C(-0.5) * X.square()).exp() * C(kInvSqrt2Pi);
       });
+      for (int64_t i = 0; i < n; ++i) {
+        const C v = x[i];
+        if (!(C(-0.5) * v * v < detail::kExpNormalLow<C>)) continue;  // also skips NaN
+        if (std::isinf(v)) {
+          y[i] = v > C(0) ? C(1) : C(0);
+        } else {
+          y[i] = C(0.5) * (C(1) + std::erf(v * C(kInvSqrt2))) + v * std::exp(C(-0.5) * v * v) * C(kInvSqrt2Pi);
+        }
+      }
       break;
     case UnaryOp::kIsFinite:  // x - x is 0 for finite x, NaN for inf and NaN
       for (int64_t i = 0; i < n; ++i) y[i] = (x[i] - x[i]) == C(0) ? C(1) : C(0);

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
@@ -178,6 +179,21 @@ void apply_vectorized(const C* x, C* y, int64_t n, F&& f) {
     f(In(xb, kVecBlock), Out(yb, kVecBlock));
     std::copy(yb, yb + m, y + i0);
   }
+}
+
+// Eigen's packet exp (pexp) clamps its argument to [-88.72, 88.72] for float and
+// [-709.78, 709.78] for double, so exp(-inf) came out as 2.9e-39 (float) instead of 0, and
+// exp(-100.f) as 2.9e-39 instead of 3.7e-44. Below kExpNormalLow (a little above the log of the
+// smallest normal number, where Eigen's results are still exact to its usual ulp) the results
+// are subnormal or zero; those elements are recomputed with std::exp. The choice is by value,
+// never by position, so the result stays independent of alignment (see apply_vectorized).
+template <typename C>
+inline constexpr C kExpNormalLow = std::is_same_v<C, float> ? C(-87.0) : C(-708.0);
+
+template <typename C>
+void fix_exp_underflow(const C* x, C* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (x[i] < kExpNormalLow<C>) y[i] = std::exp(x[i]);
 }
 
 // ---------------------------------------------------------------- the strided loop

@@ -86,6 +86,7 @@ void softmax_typed(const Tensor& in, int64_t dim, bool log, const Tensor& out) {
       for (int64_t k = 0; k < s.n; ++k)
         for (int64_t j = 0; j < cols; ++j) xb[static_cast<size_t>(k * cols + j)] -= m[static_cast<size_t>(j)];
       detail::apply_vectorized(xb.data(), eb.data(), len, [](auto X, auto E) { E = X.exp(); });
+      detail::fix_exp_underflow(xb.data(), eb.data(), len);  // masked (-inf) entries give exactly 0
       std::fill_n(sum.begin(), cols, 0.0);
       for (int64_t k = 0; k < s.n; ++k)
         for (int64_t j = 0; j < cols; ++j) sum[static_cast<size_t>(j)] += eb[static_cast<size_t>(k * cols + j)];
@@ -113,6 +114,7 @@ void softmax_backward_typed(const Tensor& grad_out, const Tensor& output, int64_
   T* gi = grad_in.data<T>();
   const int64_t max_cols = std::min(s.inner, kCols);
   std::vector<C> gb(static_cast<size_t>(s.n * max_cols)), yb(gb.size());
+  std::vector<C> pb(log ? gb.size() : 0);  // log: p = exp(y)
   std::vector<double> dot(static_cast<size_t>(max_cols));
   for (int64_t o = 0; o < s.outer; ++o) {
     const int64_t base = o * s.n * s.inner;
@@ -128,12 +130,13 @@ void softmax_backward_typed(const Tensor& grad_out, const Tensor& output, int64_
           dot[static_cast<size_t>(j)] += log ? static_cast<double>(gb[i]) : static_cast<double>(gb[i]) * yb[i];
         }
       if (log) {
-        // y = log p -> p (in place is fine: each block is read before it is written)
-        detail::apply_vectorized(yb.data(), yb.data(), len, [](auto Y, auto P) { P = Y.exp(); });
+        // y = log p -> p
+        detail::apply_vectorized(yb.data(), pb.data(), len, [](auto Y, auto P) { P = Y.exp(); });
+        detail::fix_exp_underflow(yb.data(), pb.data(), len);
         for (int64_t k = 0; k < s.n; ++k)
           for (int64_t j = 0; j < cols; ++j) {
             const size_t i = static_cast<size_t>(k * cols + j);
-            gb[i] = static_cast<C>(gb[i] - yb[i] * dot[static_cast<size_t>(j)]);
+            gb[i] = static_cast<C>(gb[i] - pb[i] * dot[static_cast<size_t>(j)]);
           }
       } else {
         for (int64_t k = 0; k < s.n; ++k)

@@ -3,6 +3,7 @@
 // broadcasting, non-contiguous inputs and the ops' options exercised.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <vector>
 
@@ -52,6 +53,27 @@ TEST(GradcheckOps, Scalar) {
   expect_gradcheck("mul s", [](const Inputs& x) { return ag::mul(x[0], -2.5); }, in);
   expect_gradcheck("div s", [](const Inputs& x) { return ag::div(x[0], 4.0); }, in);
   expect_gradcheck("pow s", [](const Inputs& x) { return ag::pow(x[0], 2.5); }, in);
+}
+
+// At a = 0 the pow formulas meet 0 * inf: b * a^(b-1) with b = 0, and y * log(a) with b >= 0.
+// PyTorch takes the limits (0); so do we (before, both gradients were NaN).
+TEST(GradcheckOps, PowAtZeroHasFiniteGradients) {
+  Tensor a = Tensor::from_vector(std::vector<double>{0.0, 0.0, 2.0}, {3});
+  autograd::set_requires_grad(a);
+  autograd::backward(ag::sum(ag::pow(a, 0.0)));
+  EXPECT_EQ(autograd::grad(a).to_vector<double>(), (std::vector<double>{0.0, 0.0, 0.0}));
+
+  Tensor x = Tensor::from_vector(std::vector<double>{0.0, 0.0, 3.0}, {3});
+  Tensor e = Tensor::from_vector(std::vector<double>{0.0, 2.0, 2.0}, {3});
+  autograd::set_requires_grad(x);
+  autograd::set_requires_grad(e);
+  autograd::backward(ag::sum(ag::pow(x, e)));
+  // d/dx: 0 (b = 0), 2 * 0^1 = 0, 2 * 3 = 6; d/de: 0 (a = 0), 0 (a = 0), 9 * log 3.
+  EXPECT_EQ(autograd::grad(x).to_vector<double>(), (std::vector<double>{0.0, 0.0, 6.0}));
+  std::vector<double> ge = autograd::grad(e).to_vector<double>();
+  EXPECT_EQ(ge[0], 0.0);
+  EXPECT_EQ(ge[1], 0.0);
+  EXPECT_NEAR(ge[2], 9.0 * std::log(3.0), 1e-12);
 }
 
 TEST(GradcheckOps, Unary) {

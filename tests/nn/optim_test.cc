@@ -241,6 +241,17 @@ TEST(Optim, ClipGradNormUsesTheGlobalNorm) {
   expect_near(autograd::grad(b), {4.0 / (5.0 + 1e-6)}, 1e-12, "unchanged b");
 }
 
+// As torch.nn.utils.clip_grad_norm_: a NaN in any gradient makes the norm NaN and every
+// gradient NaN (before, coef < 1 was false for NaN and the other gradients stayed unclipped).
+TEST(Optim, ClipGradNormWithANaNGradientMakesEveryGradientNaN) {
+  Tensor a = param64({0, 0}), b = param64({0});
+  set_grad(a, {std::nan(""), 1.0});
+  set_grad(b, {4.0});
+  EXPECT_TRUE(std::isnan(clip_grad_norm_({a, b}, 1.0)));
+  for (double v : autograd::grad(a).to_vector<double>()) EXPECT_TRUE(std::isnan(v));
+  for (double v : autograd::grad(b).to_vector<double>()) EXPECT_TRUE(std::isnan(v));
+}
+
 TEST(LRSchedule, StepCosineWarmup) {
   Tensor p = param64({1.0});
   SGD opt({p}, {.lr = 1.0});

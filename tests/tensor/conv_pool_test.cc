@@ -94,6 +94,11 @@ TEST(Conv2d, BadArgumentsThrowNamingShapes) {
   Tensor w = random_tensor({2, 3, 3, 3}, DType::kFloat32, 4);
   Tensor bad_bias = random_tensor({3}, DType::kFloat32, 5);
   EXPECT_TRUE(throws_with([&] { conv2d(input, w, bad_bias, Conv2dParams{}); }, {"conv2d", "bias", "[3]"}));
+  // A kernel one larger than the input: (2 - 3) / 2 + 1 rounds to 1 in C++, but no window fits.
+  Conv2dParams stride2;
+  stride2.stride_h = stride2.stride_w = 2;
+  Tensor small = random_tensor({1, 3, 2, 2}, DType::kFloat32, 6);
+  EXPECT_TRUE(throws_with([&] { conv2d(small, w, Tensor(), stride2); }, {"conv2d", "larger", "[1, 3, 2, 2]"}));
 }
 
 struct PoolCase {
@@ -160,6 +165,11 @@ TEST(Pool2d, BadWindowsThrow) {
   Tensor input = random_tensor({1, 1, 3, 3}, DType::kFloat32, 1);
   EXPECT_TRUE(throws_with([&] { max_pool2d(input, pool(4, 4, 1, 1, 0, 0)); }, {"max_pool2d", "[1, 1, 3, 3]"}));
   EXPECT_TRUE(throws_with([&] { avg_pool2d(input.select(0, 0), pool(2, 2, 2, 2, 0, 0)); }, {"avg_pool2d", "[1, 3, 3]"}));
+  // One larger than the input with stride 2: no window fits (not 1 output, as truncating
+  // (2 - 3) / 2 + 1 would give).
+  Tensor small = random_tensor({1, 1, 2, 2}, DType::kFloat32, 2);
+  EXPECT_TRUE(throws_with([&] { max_pool2d(small, pool(3, 3, 2, 2, 0, 0)); }, {"max_pool2d", "[1, 1, 2, 2]"}));
+  EXPECT_TRUE(throws_with([&] { avg_pool2d(small, pool(3, 3, 2, 2, 0, 0)); }, {"avg_pool2d", "[1, 1, 2, 2]"}));
 }
 
 }  // namespace

@@ -134,6 +134,66 @@ TEST(Unary, SpecialValues) {
   }
 }
 
+// Eigen's packet exp clamps its argument (to -88.7 for float, -709.8 for double) and its
+// float sqrt is an approximation: these compare bit for bit with the C library, which is
+// correctly rounded for sqrt and exact in the underflow range. (SpecialValues above uses a
+// tolerance, so 2.9e-39 passed as exp(-inf) there.)
+TEST(Unary, UnderflowSubnormalsAndSqrtAreExact) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<double> xs = {-inf, -1e30, -745.5, -708.5, -200.0, -103.5, -100.0, -88.5, -87.5, -50.0};
+  for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Tensor x = Tensor::from_vector(xs, {static_cast<int64_t>(xs.size())}).to(dtype);
+    std::vector<double> e = exp(x).to(DType::kFloat64).to_vector<double>();
+    std::vector<double> sg = sigmoid(x).to(DType::kFloat64).to_vector<double>();
+    std::vector<double> gg = gelu_grad(x).to(DType::kFloat64).to_vector<double>();
+    for (size_t i = 0; i < xs.size(); ++i) {
+      SCOPED_TRACE(xs[i]);
+      // Exact (the C library's value) where the result is subnormal or 0, within Eigen's
+      // usual few ulp elsewhere; e^x / (1 + e^x) rounds to e^x for all of these x.
+      const bool f32 = dtype == DType::kFloat32;
+      const double want = f32 ? static_cast<double>(std::exp(static_cast<float>(xs[i]))) : std::exp(xs[i]);
+      const double normal = f32 ? std::numeric_limits<float>::min() : std::numeric_limits<double>::min();
+      if (want < normal) {
+        EXPECT_EQ(e[i], want);
+        EXPECT_EQ(sg[i], want);
+      } else {
+        const double rel = f32 ? 1e-6 : 1e-14;
+        EXPECT_NEAR(e[i], want, rel * want);
+        EXPECT_NEAR(sg[i], want, rel * want);
+      }
+      if (xs[i] <= -50.0) EXPECT_EQ(gg[i], 0.0);  // Phi(x) + x phi(x) underflows to 0
+    }
+    EXPECT_EQ(gelu_grad(full({1}, inf, dtype)).item(), 1.0);
+    EXPECT_EQ(gelu_grad(full({1}, -inf, dtype)).item(), 0.0);
+    // log of subnormals
+    const double tiny = dtype == DType::kFloat32 ? 1e-45 : 5e-324;
+    Tensor t = full({3}, tiny, dtype);
+    std::vector<double> l = log(t).to(DType::kFloat64).to_vector<double>();
+    const double expected = dtype == DType::kFloat32 ? static_cast<double>(std::log(1e-45f)) : std::log(5e-324);
+    for (double v : l) EXPECT_EQ(v, expected);
+  }
+  // sqrt is correctly rounded for every float (here 300000 spread over the exponent range,
+  // subnormals included), so Adam's denominator is PyTorch's bit for bit.
+  std::vector<float> values;
+  for (int i = 0; i < 300000; ++i) values.push_back(std::ldexp(1.0f + static_cast<float>(i % 997) / 997.0f, i % 300 - 150));
+  Tensor f = Tensor::from_vector(values, {static_cast<int64_t>(values.size())});
+  std::vector<float> r = sqrt(f).to_vector<float>();
+  int wrong = 0;
+  for (size_t i = 0; i < values.size(); ++i) wrong += r[i] != std::sqrt(values[i]);
+  EXPECT_EQ(wrong, 0);
+}
+
+TEST(Unary, SoftmaxOfMaskedEntriesIsExactlyZero) {
+  const double inf = std::numeric_limits<double>::infinity();
+  for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Tensor x = Tensor::from_vector(std::vector<double>{0.0, 1e30, -1e30, -inf}, {1, 4}).to(dtype);
+    std::vector<double> p = softmax(x, 1).to(DType::kFloat64).to_vector<double>();
+    EXPECT_EQ(p, (std::vector<double>{0.0, 1.0, 0.0, 0.0}));
+  }
+}
+
 // ---------------------------------------------------------------- binary
 
 struct BinaryCase {
@@ -360,6 +420,39 @@ TEST(InPlace, AddMulDivIntoViews) {
     mul_(view, m);
     EXPECT_TRUE(expect_close(view, ref_binary(BinaryOp::kMul, v, to_ref(m)), tolerance_for(dtype)));
   }
+}
+
+// As PyTorch: a source that partly overlaps the destination is an error (the result would
+// depend on the order of writes); the very same view is fine; so is a disjoint view of
+// the same storage.
+TEST(InPlace, OverlappingSourceAndDestinationAreRejected) {
+  Tensor x = Tensor::from_vector(std::vector<float>{1, 2, 3, 4}, {2, 2});
+  Tensor t = x.t();
+  EXPECT_THROW(add_(x, t), Error);
+  EXPECT_THROW(mul_(x, t), Error);
+  EXPECT_THROW(x.copy_(t), Error);
+  Tensor row = x.select(0, 0);
+  EXPECT_THROW(add_(x, row), Error);  // a row of x broadcast over x
+  try {
+    add_(x, t);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("clone()"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(x.to_vector<float>(), (std::vector<float>{1, 2, 3, 4}));  // nothing was written
+  add_(x, x);                                                          // same view: x = 2x
+  EXPECT_EQ(x.to_vector<float>(), (std::vector<float>{2, 4, 6, 8}));
+  add_(x, t.clone());  // the fix the message names: [[2, 4], [6, 8]] + [[2, 6], [4, 8]]
+  EXPECT_EQ(x.to_vector<float>(), (std::vector<float>{4, 10, 10, 16}));
+  Tensor flat = Tensor::from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {6});
+  Tensor head = flat.slice(0, 0, 3), tail = flat.slice(0, 3, 6);
+  add_(head, tail);  // disjoint halves of one storage
+  EXPECT_EQ(flat.to_vector<float>(), (std::vector<float>{5, 7, 9, 4, 5, 6}));
+  x.copy_(x);  // a no-op
+  EXPECT_EQ(x.to_vector<float>(), (std::vector<float>{4, 10, 10, 16}));
+  // A destination with several elements at one address (an expanded view).
+  Tensor one = Tensor::from_vector(std::vector<float>{1}, {1});
+  Tensor expanded = one.expand({3});
+  EXPECT_THROW(add_(expanded, Tensor::from_vector(std::vector<float>{1, 2, 3}, {3})), Error);
 }
 
 TEST(InPlace, AddWithAlphaContiguousFastPathAndIntegers) {

@@ -49,6 +49,28 @@ TEST(Errors, ViewsThatCannotBeViews) {
   EXPECT_TRUE(throws_with([&] { a.squeeze(2); }, {"squeeze", "2"}));
 }
 
+// Shapes whose element or byte count does not fit 64 bits: before, Tensor::empty({2^32, 2^32})
+// returned a tensor claiming 0 elements, and reshape({3, 6148914691236517206}) of 2 elements
+// passed because 3 * 6148914691236517206 wraps to 2.
+TEST(Errors, ShapesWhoseSizeOverflowsAreRejected) {
+  const int64_t big = int64_t{1} << 32;
+  EXPECT_TRUE(throws_with([&] { Tensor::empty({big, big}, DType::kFloat32); }, {"Tensor::empty", "2^63"}));
+  EXPECT_TRUE(throws_with([&] { Tensor::empty({big, big / 2, 2}, DType::kFloat32); }, {"Tensor::empty"}));
+  EXPECT_TRUE(throws_with([&] { Tensor::empty({int64_t{1} << 62}, DType::kFloat64); }, {"Tensor::empty"}));
+  Tensor two = zeros({2});
+  EXPECT_TRUE(throws_with([&] { two.reshape({3, 6148914691236517206}); }, {"reshape", "int64"}));
+  EXPECT_TRUE(throws_with([&] { two.view({-1, 3, 6148914691236517206}); }, {"view", "int64"}));
+  EXPECT_TRUE(throws_with([&] { shape_numel({big, big, big}); }, {"int64"}));
+  // A view that reaches past its storage.
+  Tensor four = zeros({4});
+  EXPECT_TRUE(throws_with([&] { Tensor::from_storage(four.storage(), {2, 3}, {3, 1}, 0, DType::kFloat32); },
+                          {"from_storage", "reach past", "4"}));
+  EXPECT_TRUE(throws_with([&] { Tensor::from_storage(four.storage(), {4}, {1}, 1, DType::kFloat32); },
+                          {"from_storage"}));
+  EXPECT_EQ(Tensor::from_storage(four.storage(), {2, 2}, {1, 2}, 0, DType::kFloat32).numel(), 4);
+  EXPECT_EQ(Tensor::empty({0, big, big}, DType::kFloat32).numel(), 0);  // zero elements: fine
+}
+
 TEST(Errors, CudaAskedOfACpuOnlyBuild) {
   if (kernels::cuda::is_available()) GTEST_SKIP() << "this build has a usable GPU";
   EXPECT_TRUE(throws_with([&] { Tensor::empty({2, 3}, DType::kFloat32, Device::cuda(0)); }, {"CUDA"}));

@@ -1,0 +1,47 @@
+// memory_overlap.cc: see memory_overlap.h.
+#include "tensor/memory_overlap.h"
+
+#include "tensor/checks.h"
+
+namespace ringtrain {
+
+namespace {
+
+struct ByteRange {
+  uintptr_t first;  // first byte
+  uintptr_t end;    // one past the last byte
+};
+
+// The bytes a (non-empty) view can touch: from its first element to its last, whatever
+// lies between.
+ByteRange byte_range(const Tensor& t) {
+  int64_t last = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+  const auto base = reinterpret_cast<uintptr_t>(t.data_ptr());
+  const size_t elem = dtype_size(t.dtype());
+  return {base, base + static_cast<uintptr_t>(last) * elem + elem};
+}
+
+}  // namespace
+
+MemoryOverlap memory_overlap(const Tensor& a, const Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0 || a.storage() != b.storage()) return MemoryOverlap::kNone;
+  if (a.data_ptr() == b.data_ptr() && a.shape() == b.shape() && a.strides() == b.strides() &&
+      a.dtype() == b.dtype())
+    return MemoryOverlap::kSame;
+  const ByteRange ra = byte_range(a), rb = byte_range(b);
+  return ra.first < rb.end && rb.first < ra.end ? MemoryOverlap::kPartial : MemoryOverlap::kNone;
+}
+
+void check_in_place(const Tensor& dst, const Tensor& src, const char* op) {
+  for (int64_t d = 0; d < dst.dim(); ++d)
+    RT_CHECK(dst.size(d) <= 1 || dst.stride(d) != 0, op, ": the destination ", dst.describe(),
+             " has stride 0 in dim ", d, " (an expanded view), so several of its elements are one ",
+             "memory location; write into a contiguous tensor (clone() it first)");
+  RT_CHECK(memory_overlap(dst, src) != MemoryOverlap::kPartial, op, ": the source ", src.describe(),
+           " and the destination ", dst.describe(), " share memory (partly overlapping views of one ",
+           "storage), so the result would depend on the order elements are written; clone() the "
+           "source first");
+}
+
+}  // namespace ringtrain
