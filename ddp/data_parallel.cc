@@ -68,10 +68,19 @@ Tensor DataParallel::forward(const Tensor& input) {
   const bool grad_mode = autograd::grad_enabled();
   const bool autocast = autograd::autocast_enabled();
   const DType autocast_dtype = autograd::autocast_dtype();
+  // Randomness (dropout without its own seed): each replica draws from its own stream, keyed by
+  // a seed taken from this thread's default generator, so the masks depend on the replica index
+  // and the generator's state (which checkpoints save), never on which thread draws first.
+  uint32_t key[2];
+  default_generator().next_uint32(key, 2);
+  const uint64_t stream_seed = (static_cast<uint64_t>(key[1]) << 32) | key[0];
+  std::vector<Generator> replica_generators;
+  for (size_t i = 0; i < used; ++i) replica_generators.emplace_back(stream_seed + i);
   auto run = [&](size_t i) {
     try {
       autograd::set_grad_enabled(grad_mode);  // grad mode and autocast are per thread
       autograd::AutocastGuard autocast_scope(autocast ? autocast_dtype : DType::kFloat16, autocast);
+      ScopedDefaultGenerator generator_scope(replica_generators[i]);
       nn::Module& replica = i == 0 ? *module_ : *replicas_[i];
       outputs[i] = replica.forward(chunks[i]);
     } catch (...) {

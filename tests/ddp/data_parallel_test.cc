@@ -67,6 +67,31 @@ TEST(DataParallelTest, TrainsLikeTheSingleModuleAndNamesParametersLikePyTorch) {
   for (size_t i = 0; i < ps.size(); ++i) EXPECT_LT(max_abs_diff(ps[i], pd[i]), 1e-5);
 }
 
+// Replicas with an unseeded Dropout draw from default_generator(). Before, the replica threads
+// shared the process-wide generator (a data race, and masks that depended on which thread drew
+// first); now each replica has its own stream keyed from the caller's generator, so the same
+// generator state gives the same output every time.
+TEST(DataParallelTest, UnseededDropoutInReplicasIsDeterministic) {
+  Generator init(3);
+  auto seq = nn::make<nn::Sequential>();
+  seq->push_back(nn::make<nn::Linear>(6, 64, true, init));
+  seq->push_back(nn::make<nn::Dropout>(0.5));
+  DataParallel dp(seq, std::vector<Device>(4, Device::cpu()));
+  Generator data(4);
+  Tensor x = randn({1, 6}, data).expand({16, 6}).contiguous();  // every row the same
+  std::vector<float> first;
+  for (int run = 0; run < 20; ++run) {
+    default_generator().set_state(77, 0);
+    std::vector<float> out = dp.forward(x).to_vector<float>();
+    if (run == 0) first = out;
+    ASSERT_EQ(out, first) << "run " << run;
+  }
+  // The replicas' masks differ from one another (not one stream replayed 4 times): replica 0's
+  // first row and replica 1's first row have the same input.
+  Tensor out = dp.forward(x);
+  EXPECT_NE(out.select(0, 0).to_vector<float>(), out.select(0, 4).to_vector<float>());
+}
+
 TEST(DataParallelTest, ClearErrors) {
   auto m = make_mlp(1);
   EXPECT_THROW(DataParallel(m, {}), Error);
