@@ -64,11 +64,15 @@ struct ShmLayout {
   // 6-12% faster at 16-32 MiB and the same elsewhere in three alternating sweeps
   // (the inbox stays in cache), with half the shared memory
   // (docs/collective-benchmark.md).
-  size_t slot_bytes = 128 << 10;  // multiple of 64; RINGTRAIN_SHM_SLOT_BYTES
-  int slots = 8;                  // RINGTRAIN_SHM_SLOTS
+  static constexpr size_t kMaxSlotBytes = size_t{1} << 30;  // 1 GiB
+  static constexpr int kMaxSlots = 1024;
+  size_t slot_bytes = 128 << 10;  // multiple of 64 in [64, kMaxSlotBytes]; RINGTRAIN_SHM_SLOT_BYTES
+  int slots = 8;                  // in [1, kMaxSlots]; RINGTRAIN_SHM_SLOTS
   int channels = 1;               // local ranks (one channel per local sender)
   size_t channel_bytes() const;
   size_t segment_bytes() const { return channel_bytes() * channels; }
+  // Reads RINGTRAIN_SHM_SLOT_BYTES and RINGTRAIN_SHM_SLOTS; throws naming the
+  // variable and its allowed range when a value is outside it.
   static ShmLayout from_env(int channels);
 };
 // inbox: this rank's own segment, channel `peer_local` (the peer writes there);
