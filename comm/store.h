@@ -51,19 +51,28 @@ class StoreServer {
   int rejected_connections() const { return rejected_.load(); }
 
  private:
+  // One accepted connection. serve() closes the socket when it returns and marks
+  // the entry finished; the accept loop then joins the thread and drops the entry.
+  struct Client {
+    std::unique_ptr<Socket> socket;
+    std::thread thread;
+    bool finished = false;
+  };
+
   void accept_loop();
-  void serve(int client_index);
+  void reap_finished_clients();
+  void serve(uint64_t client_id);
 
   Socket listener_;
   std::string token_;
   int port_ = 0;
   std::atomic<bool> stopping_{false};
   std::atomic<int> rejected_{0};
-  std::mutex mutex_;               // guards data_, clients_
+  std::mutex mutex_;               // guards data_, clients_, next_client_id_
   std::condition_variable changed_;  // notified on every set/add/stop
   std::map<std::string, std::string> data_;
-  std::vector<std::unique_ptr<Socket>> clients_;
-  std::vector<std::thread> client_threads_;
+  std::map<uint64_t, Client> clients_;  // live connections (and finished ones not yet joined)
+  uint64_t next_client_id_ = 0;
   std::thread accept_thread_;
 };
 
