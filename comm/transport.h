@@ -124,6 +124,8 @@ class PeerMesh {
 
   // "shm" or "tcp": what carries the bytes to `peer`.
   const char* transport_kind(int peer) const;
+  // True when `peer`'s connection is closed (it died or gave up); no data is consumed.
+  bool peer_closed(int peer) const { return peer != rank_ && peers_[peer].socket.peer_closed(); }
   // True when every member shares memory with this rank (symmetric memory works).
   bool all_shared_memory() const { return size_ > 1 && shm_peers_ == size_ - 1; }
   // A prefix for shared-memory segment names unique to this group and process.
