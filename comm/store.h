@@ -97,8 +97,16 @@ class Store {
 
   const std::string& host() const { return host_; }
   int port() const { return port_; }
-  // The address of this host as seen on the connection to the store: where peers can reach us.
-  std::string local_address() const { return socket_.local_address(); }
+  // Where peers can reach this host: the address set by set_advertised_address, else
+  // the local address of the connection to the store (the interface that routes to it).
+  std::string local_address() const {
+    return advertised_address_.empty() ? socket_.local_address() : advertised_address_;
+  }
+  // For the process that runs the store and reaches it over loopback: the local
+  // address would be 127.0.0.1, which no other host can use, so it names the
+  // address every other rank reached the store at (MASTER_ADDR or the host name
+  // rank 0 sent them) instead.
+  void set_advertised_address(std::string address) { advertised_address_ = std::move(address); }
 
  private:
   std::string request(const std::string& op, const std::string& key, const std::string& value,
@@ -108,6 +116,7 @@ class Store {
   int port_;
   std::mutex mutex_;  // one request at a time on the connection
   Socket socket_;
+  std::string advertised_address_;  // empty: socket_'s local address
 };
 
 }  // namespace ringtrain::comm

@@ -26,6 +26,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <thread>
 #include <vector>
@@ -70,6 +71,19 @@ int main(int argc, char** argv) {
     if (data.front() != want || data.back() != want || one != sub->size()) {
       std::cerr << "rank " << rank << ": wrong result " << data.front() << " (want " << want << ")\n";
       return 1;
+    }
+    // mpi:// and file://: rank 0 reaches its own store over loopback, but must publish
+    // for the mesh the address the other ranks reached the store at (a peer on
+    // another host cannot use 127.0.0.1).
+    const std::string method = launch_info().method;
+    if (rank == 0 && n > 1 && pg->backend_name() == std::string("ring") &&
+        (method == "mpi" || method == "file")) {
+      auto mesh = nlohmann::json::parse(pg->store().get("rt/world/ring/mesh/0", std::chrono::seconds(5)));
+      if (mesh["addr"] != launch_info().master_addr) {
+        std::cerr << "rank 0: published mesh address " << mesh["addr"] << ", but the ranks reach rank 0 at "
+                  << launch_info().master_addr << "\n";
+        return 1;
+      }
     }
     std::cout << "rank " << rank << " of " << n << ": ok (init " << launch_info().method
               << ", backend " << pg->backend_name() << ")" << std::endl;
