@@ -80,7 +80,12 @@ std::shared_ptr<Store> file_rendezvous(LaunchInfo& info, std::shared_ptr<StoreSe
       if (!out) throw CommError("file:// init: cannot write " + tmp + " (is the directory writable?)");
     }
     SYS_CHECK(std::rename(tmp.c_str(), info.file_path.c_str()));
-    return std::make_shared<Store>("127.0.0.1", (*server)->port(), info.token, timeout);
+    info.master_addr = record["addr"].get<std::string>();
+    info.master_port = (*server)->port();
+    auto store = std::make_shared<Store>("127.0.0.1", info.master_port, info.token, timeout);
+    // peers find this rank where they found the store, not at 127.0.0.1
+    store->set_advertised_address(info.master_addr);
+    return store;
   }
   std::string last_error = "the file does not exist yet";
   while (Clock::now() < deadline) {
@@ -89,8 +94,9 @@ std::shared_ptr<Store> file_rendezvous(LaunchInfo& info, std::shared_ptr<StoreSe
       try {
         json record = json::parse(in);
         info.token = record.at("token").get<std::string>();
-        return std::make_shared<Store>(record.at("addr").get<std::string>(),
-                                       record.at("port").get<int>(), info.token,
+        info.master_addr = record.at("addr").get<std::string>();
+        info.master_port = record.at("port").get<int>();
+        return std::make_shared<Store>(info.master_addr, info.master_port, info.token,
                                        std::chrono::seconds(2));
       } catch (const std::exception& e) {
         last_error = e.what();
@@ -104,8 +110,16 @@ std::shared_ptr<Store> file_rendezvous(LaunchInfo& info, std::shared_ptr<StoreSe
 }
 
 // mpi://: rank 0 starts the store and MPI_Bcast's its address and a fresh token.
-std::shared_ptr<Store> mpi_rendezvous(LaunchInfo& info, std::shared_ptr<StoreServer>* server,
+std::shared_ptr<Store> mpi_rendezvous(LaunchInfo& info, const EnvMap& env,
+                                      std::shared_ptr<StoreServer>* server,
                                       std::chrono::milliseconds timeout) {
+  // MASTER_PORT (optional; else any free port) is checked on every rank, so that all
+  // of them fail the same way instead of the others waiting in MPI_Bcast for rank 0.
+  int port = 0;
+  if (auto it = env.find("MASTER_PORT"); it != env.end() && !it->second.empty()) {
+    port = env_int(env, "MASTER_PORT", 1, 65535,
+                   "mpi:// uses it as the store's port on rank 0; unset it to take any free port");
+  }
   ensure_mpi_initialized();
   int mpi_rank = 0;
   int mpi_size = 0;
@@ -121,8 +135,6 @@ std::shared_ptr<Store> mpi_rendezvous(LaunchInfo& info, std::shared_ptr<StoreSer
   std::string blob;
   if (mpi_rank == 0) {
     if (info.token.empty()) info.token = random_job_token();
-    int port = 0;
-    if (const char* text = std::getenv("MASTER_PORT")) port = std::atoi(text);
     *server = std::make_shared<StoreServer>("", port, info.token, "MASTER_PORT");
     std::string addr = info.master_addr.empty() ? local_hostname() : info.master_addr;
     blob = json{{"addr", addr}, {"port", (*server)->port()}, {"token", info.token}}.dump();
@@ -135,8 +147,11 @@ std::shared_ptr<Store> mpi_rendezvous(LaunchInfo& info, std::shared_ptr<StoreSer
   info.token = record["token"].get<std::string>();
   info.master_addr = record["addr"].get<std::string>();
   info.master_port = record["port"].get<int>();
-  return std::make_shared<Store>(mpi_rank == 0 ? "127.0.0.1" : info.master_addr, info.master_port,
-                                 info.token, timeout);
+  auto store = std::make_shared<Store>(mpi_rank == 0 ? "127.0.0.1" : info.master_addr,
+                                      info.master_port, info.token, timeout);
+  // rank 0 reaches its own store over loopback; its peers find it where they found the store
+  if (mpi_rank == 0) store->set_advertised_address(info.master_addr);
+  return store;
 }
 
 }  // namespace
@@ -168,7 +183,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   std::shared_ptr<Store> store;
   const auto timeout = options.rendezvous_timeout;
   if (info.method == "mpi") {
-    store = mpi_rendezvous(info, &server, timeout);
+    store = mpi_rendezvous(info, env, &server, timeout);
   } else if (info.method == "file") {
     store = file_rendezvous(info, &server, timeout);
   } else if (info.method == "single") {

@@ -33,9 +33,13 @@ std::string get(const EnvMap& env, const std::string& name) {
   return it == env.end() ? std::string() : it->second;
 }
 
-// Parses a whole string as a base-10 integer.
+// Parses a whole string as a base-10 integer: an optional '-' and digits, nothing
+// else (strtoll alone would also take " 1" and "+1"); false when it does not fit.
 bool to_int(const std::string& text, long long* value) {
-  if (text.empty()) return false;
+  const size_t digits = text.rfind('-', 0) == 0 ? 1 : 0;
+  if (text.size() == digits || text.find_first_not_of("0123456789", digits) != std::string::npos) {
+    return false;
+  }
   char* end = nullptr;
   errno = 0;
   *value = std::strtoll(text.c_str(), &end, 10);
@@ -98,7 +102,8 @@ std::vector<std::string> expand_nodelist(const std::string& nodelist) {
     }
     if (depth != 0) fail("unbalanced brackets");
     std::string item = nodelist.substr(start, i - start);
-    ++i;  // skip the comma
+    // skip the comma; one that ends the list leaves an empty name behind it
+    if (++i == nodelist.size() && nodelist.back() == ',') fail("empty host name after the last comma");
     if (item.empty()) fail("empty host name");
     size_t open = item.find('[');
     if (open == std::string::npos) {
@@ -121,8 +126,12 @@ std::vector<std::string> expand_nodelist(const std::string& nodelist) {
       std::smatch match;
       if (!std::regex_match(range, match, kRange)) fail("bad range '" + range + "'");
       const std::string& low_text = match[1].str();
-      long long low = std::stoll(low_text);
-      long long high = match[2].matched ? std::stoll(match[2].str()) : low;
+      long long low = 0;
+      long long high = 0;
+      if (!to_int(low_text, &low) || (match[2].matched && !to_int(match[2].str(), &high))) {
+        fail("a number in range '" + range + "' is too large");
+      }
+      if (!match[2].matched) high = low;
       if (high < low) fail("range '" + range + "' goes backwards");
       if (high - low > 100000) fail("range '" + range + "' is too large");
       size_t width = low_text.size();  // "08" keeps its zero
@@ -150,9 +159,17 @@ std::vector<int> expand_tasks_per_node(const std::string& text) {
     if (!std::regex_match(item, match, kItem)) {
       throw CommError("cannot parse SLURM_TASKS_PER_NODE='" + text + "' (expected e.g. 2(x3),1)");
     }
-    int count = std::stoi(match[1].str());
-    int repeat = match[2].matched ? std::stoi(match[2].str()) : 1;
-    counts.insert(counts.end(), repeat, count);
+    // Tasks per node and repeats are at least 1 (0 tasks, or "(x0)", would leave nodes
+    // without ranks or no list at all); bounded like every rank count here.
+    long long count = 0;
+    long long repeat = 1;
+    if (!to_int(match[1].str(), &count) || count < 1 || count > (1 << 20) ||
+        (match[2].matched && (!to_int(match[2].str(), &repeat) || repeat < 1 || repeat > (1 << 20)))) {
+      throw CommError(detail::concat("SLURM_TASKS_PER_NODE='", text, "': '", item,
+                                     "' needs a task count and a repeat count in [1, ", 1 << 20,
+                                     "] (expected e.g. 2(x3),1)"));
+    }
+    counts.insert(counts.end(), static_cast<size_t>(repeat), static_cast<int>(count));
     pos = comma + 1;
     if (comma == text.size()) break;
   }
@@ -196,14 +213,23 @@ LaunchInfo parse_slurm_method(const EnvMap& env) {
   check_rank(info.rank, info.world_size, "SLURM_PROCID", "SLURM_NTASKS");
   info.local_rank = env_int(env, "SLURM_LOCALID", 0, 1 << 20, hint);
   info.node_rank = env_int(env, "SLURM_NODEID", 0, 1 << 20, hint);
+  std::string local_size_var = "SLURM_NTASKS";
   if (has(env, "SLURM_NTASKS_PER_NODE") && get(env, "SLURM_NTASKS_PER_NODE").find_first_not_of("0123456789") == std::string::npos) {
+    local_size_var = "SLURM_NTASKS_PER_NODE";
     info.local_world_size = env_int(env, "SLURM_NTASKS_PER_NODE", 1, 1 << 20, hint);
   } else if (has(env, "SLURM_TASKS_PER_NODE")) {
+    local_size_var = "SLURM_TASKS_PER_NODE";
     std::vector<int> counts = expand_tasks_per_node(get(env, "SLURM_TASKS_PER_NODE"));
     info.local_world_size = info.node_rank < static_cast<int>(counts.size()) ? counts[info.node_rank]
                                                                              : counts.back();
   } else {
     info.local_world_size = info.world_size;
+  }
+  if (info.local_rank >= info.local_world_size) {
+    throw CommError(detail::concat("SLURM_LOCALID=", info.local_rank, " is not below the ",
+                                   info.local_world_size, " tasks on node ", info.node_rank,
+                                   " that ", local_size_var, "='", get(env, local_size_var),
+                                   "' gives; launch with srun, or set them consistently"));
   }
   const std::string nodelist_var = has(env, "SLURM_JOB_NODELIST") ? "SLURM_JOB_NODELIST" : "SLURM_NODELIST";
   if (has(env, "MASTER_ADDR")) {
@@ -233,6 +259,9 @@ LaunchInfo parse_mpi_method(const EnvMap& env) {
   LaunchInfo info;
   info.method = "mpi";
   const std::string hint = "mpi:// expects to be started by mpirun (or srun --mpi=pmix)";
+  // the variables actually read, for the error below
+  std::string rank_var = "OMPI_COMM_WORLD_RANK";
+  std::string size_var = "OMPI_COMM_WORLD_SIZE";
   if (has(env, "OMPI_COMM_WORLD_SIZE")) {
     info.world_size = env_int(env, "OMPI_COMM_WORLD_SIZE", 1, 1 << 20, hint);
     info.rank = env_int(env, "OMPI_COMM_WORLD_RANK", 0, 1 << 20, hint);
@@ -240,6 +269,8 @@ LaunchInfo parse_mpi_method(const EnvMap& env) {
     info.local_world_size = has(env, "OMPI_COMM_WORLD_LOCAL_SIZE") ? env_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1, 1 << 20, hint) : 1;
     info.node_rank = info.rank / std::max(1, info.local_world_size);
   } else if (has(env, "PMI_SIZE")) {
+    rank_var = "PMI_RANK";
+    size_var = "PMI_SIZE";
     info.world_size = env_int(env, "PMI_SIZE", 1, 1 << 20, hint);
     info.rank = env_int(env, "PMI_RANK", 0, 1 << 20, hint);
   } else if (has(env, "PMIX_RANK")) {
@@ -250,7 +281,7 @@ LaunchInfo parse_mpi_method(const EnvMap& env) {
     throw CommError("mpi:// init: no MPI launcher variables (OMPI_COMM_WORLD_SIZE, PMI_SIZE or "
                     "PMIX_RANK) are set; start the program with mpirun -np N");
   }
-  if (info.world_size > 0) check_rank(info.rank, info.world_size, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE");
+  if (info.world_size > 0) check_rank(info.rank, info.world_size, rank_var, size_var);
   if (has(env, "MASTER_ADDR")) info.master_addr = get(env, "MASTER_ADDR");
   if (has(env, "RINGTRAIN_JOB_TOKEN")) info.token = get(env, "RINGTRAIN_JOB_TOKEN");
   return info;
@@ -284,8 +315,11 @@ LaunchInfo parse_url_method(const std::string& url, const EnvMap& env, int rank,
     }
     info.method = "tcp";
     info.master_addr = match[1].str();
-    long long port = std::stoll(match[2].str());
-    if (port < 1 || port > 65535) throw CommError("init method '" + url + "': port out of range 1-65535");
+    long long port = 0;
+    if (!to_int(match[2].str(), &port) || port < 1 || port > 65535) {
+      throw CommError("init method '" + url + "': port " + match[2].str() +
+                      " is out of range 1-65535; give a free TCP port");
+    }
     info.master_port = static_cast<int>(port);
     info.token = has(env, "RINGTRAIN_JOB_TOKEN") ? get(env, "RINGTRAIN_JOB_TOKEN")
                                                  : detail::concat("tcp:", url, ":", world_size);

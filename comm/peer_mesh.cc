@@ -69,6 +69,13 @@ bool shared_memory_backoff(uint64_t idle_rounds) {
   return idle_rounds % 64 == 0;
 }
 
+// What PeerMesh compares across ranks, in the words of the variables that set it.
+std::string transport_settings(const std::string& transport, const ShmLayout& layout) {
+  if (transport == "tcp") return "RINGTRAIN_TRANSPORT=tcp";
+  return detail::concat("RINGTRAIN_TRANSPORT=", transport, " RINGTRAIN_SHM_SLOT_BYTES=",
+                        layout.slot_bytes, " RINGTRAIN_SHM_SLOTS=", layout.slots);
+}
+
 }  // namespace
 
 PeerMesh::PeerMesh(Store& store, const std::string& prefix, int rank, int size,
@@ -83,13 +90,28 @@ PeerMesh::PeerMesh(Store& store, const std::string& prefix, int rank, int size,
 
   // 1. Publish where we listen (the address the store connection goes out on is
   //    one the other hosts can route to) and which host we are on.
+  //    The transport settings go along: ranks that choose transports differently
+  //    wait on each other until the timeout, and ranks whose slots are cut
+  //    differently read each other's channels wrongly (silently, when the segment
+  //    sizes happen to agree), so they are compared before anything is connected.
   Socket listener = Socket::listen("", 0);
+  const ShmLayout layout = transport == "tcp" ? ShmLayout{} : ShmLayout::from_env(1);
   json me{{"addr", store.local_address()}, {"port", listener.local_port()},
-          {"host", host_identity()}, {"pid", static_cast<int>(getpid())}};
+          {"host", host_identity()}, {"pid", static_cast<int>(getpid())},
+          {"settings", transport_settings(transport, layout)}};
   store.set(prefix + "/mesh/" + std::to_string(rank), me.dump());
   std::vector<json> info(size);
   for (int r = 0; r < size; ++r) {
     info[r] = json::parse(store.get(prefix + "/mesh/" + std::to_string(r), timeout));
+  }
+  // Every rank compares every rank with rank 0, so all of them fail at once, naming
+  // the same pair, instead of the odd one out failing and the rest timing out.
+  for (int r = 1; r < size; ++r) {
+    if (info[r]["settings"] == info[0]["settings"]) continue;
+    throw CommError(detail::concat(
+        "ring backend: rank ", world_ranks[r], " has ", info[r]["settings"].get<std::string>(),
+        " but rank ", world_ranks[0], " has ", info[0]["settings"].get<std::string>(),
+        "; set them the same on every rank (or unset them)"));
   }
 
   // 2. Full mesh: connect to every lower rank, accept every higher one. Connections
@@ -149,18 +171,19 @@ PeerMesh::PeerMesh(Store& store, const std::string& prefix, int rank, int size,
   for (size_t i = 0; i < local.size(); ++i) local_index[local[i]] = static_cast<int>(i);
   const bool use_shm = transport != "tcp" && local.size() > 1;
   if (use_shm) {
-    ShmLayout layout = ShmLayout::from_env(static_cast<int>(local.size()));
+    // the layout checked above, now with one channel per rank on this host
+    const ShmLayout local_layout = ShmLayout::from_env(static_cast<int>(local.size()));
     shm_name_prefix_ = detail::concat("/ringtrain-", hex(fnv1a(token + "|" + prefix)), "-r", rank,
                                       "-p", getpid());
     // One inbox per rank, shared among the ranks of this host (the key names the host).
     auto segment_of = share_shm_segments(
         store, prefix + "/shm/" + hex(fnv1a(info[rank]["host"].get<std::string>())), rank, size,
-        local, shm_name_prefix_, layout.segment_bytes(), timeout, "shared-memory transport",
+        local, shm_name_prefix_, local_layout.segment_bytes(), timeout, "shared-memory transport",
         "set RINGTRAIN_SHM_SLOT_BYTES and RINGTRAIN_SHM_SLOTS the same on every rank");
     for (int r : local) {
       if (r == rank) continue;
       peers_[r].transport = make_shm_transport(segment_of[rank], local_index[r], segment_of[r],
-                                               local_index[rank], layout);
+                                               local_index[rank], local_layout);
       ++shm_peers_;
     }
     for (auto& segment : segment_of) {

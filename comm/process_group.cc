@@ -268,13 +268,8 @@ void ProcessGroup::execute(Pending& pending) {
     run_staged(c, Clock::now() + context_.options.timeout);
     pending.state->mark_completed();
   } catch (...) {
-    std::exception_ptr explained = explain_failure(std::current_exception(), c);
-    {
-      std::lock_guard<std::mutex> lock(queue_mutex_);
-      if (!failed_) failure_ = explained;
-      failed_ = true;
-    }
-    close_transports();
+    std::exception_ptr explained = explain_failure(std::current_exception(), describe(c));
+    fail_with(explained);
     pending.state->mark_failed(explained);
   }
 }
@@ -333,14 +328,20 @@ void ProcessGroup::check_same_collective(const Collective& c) {
   signature += ")";
   const std::string base = detail::concat(context_.prefix, "/debug/", c.seq, "/");
   context_.store->set(base + std::to_string(context_.rank), signature);
+  // Ranks are named by their world rank, as in every other message: in a sub-group
+  // the group rank would point at the wrong process.
+  const auto& world = context_.world_ranks;
   std::vector<std::string> issued(context_.size);
   for (int r = 0; r < context_.size; ++r) {
+    // A member that died or failed before issuing this collective is reported as
+    // such (await_member_key throws PeerLostError, explained like a collective's).
+    const std::string waited_for = detail::concat("rank ", world[r], "'s collective #", c.seq);
     try {
-      issued[r] = context_.store->get(base + std::to_string(r), context_.options.timeout);
+      issued[r] = await_member_key(base + std::to_string(r), waited_for);
     } catch (const CommTimeoutError&) {
-      throw CommError(detail::concat("collective mismatch at #", c.seq, ": rank ", r,
-                                     " issued no collective #", c.seq, " within the timeout ",
-                                     "(this rank issued ", signature, ")"));
+      throw CommTimeoutError(detail::concat("collective mismatch at #", c.seq, ": rank ", world[r],
+                                            " issued no collective #", c.seq, " within the timeout ",
+                                            "(this rank issued ", signature, ")"));
     }
   }
   std::vector<int> differing;
@@ -351,11 +352,51 @@ void ProcessGroup::check_same_collective(const Collective& c) {
   std::string message = detail::concat("collective mismatch at #", c.seq, " (debug mode): ");
   for (int r = 0; r < context_.size; ++r) {
     bool odd = std::count(issued.begin(), issued.end(), issued[r]) <= context_.size / 2;
-    message += detail::concat(r ? "; " : "", "rank ", r, " issued ", issued[r],
+    message += detail::concat(r ? "; " : "", "rank ", world[r], " issued ", issued[r],
                               odd ? " <- differs" : "");
   }
   message += ". Every rank must issue the same collectives in the same order.";
   throw CommError(message);
+}
+
+std::string ProcessGroup::await_member_key(const std::string& key, const std::string& what) {
+  // Short slices: a member that is gone never writes the key, and waiting the whole
+  // timeout (10 minutes by default) to say "did not appear" would hide why.
+  constexpr auto kSlice = std::chrono::milliseconds(200);
+  const Deadline deadline = Clock::now() + context_.options.timeout;
+  while (true) {
+    const auto left = std::chrono::milliseconds(millis_until(deadline));
+    try {
+      return context_.store->get(key, std::min<std::chrono::milliseconds>(kSlice, left));
+    } catch (const CommTimeoutError&) {
+      // not there yet: look for a reason it may never come
+    }
+    for (int r = 0; r < context_.size; ++r) {
+      const int world_rank = context_.world_ranks[r];
+      if (r == context_.rank || !context_.store->try_get(error_key(world_rank))) continue;
+      throw PeerLostError(world_rank, detail::concat("rank ", world_rank, " failed while rank ",
+                                                     context_.world_rank(), " waited for ", what));
+    }
+    if (const int lost = lost_member(); lost >= 0) {
+      throw PeerLostError(context_.world_ranks[lost],
+                          detail::concat("rank ", context_.world_ranks[lost],
+                                         " closed its connection while rank ",
+                                         context_.world_rank(), " waited for ", what));
+    }
+    if (Clock::now() >= deadline) {
+      throw CommTimeoutError(detail::concat(what, " did not come within ",
+                                            context_.options.timeout.count(), " ms"));
+    }
+  }
+}
+
+void ProcessGroup::fail_with(std::exception_ptr explained) {
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    if (!failed_) failure_ = explained;
+    failed_ = true;
+  }
+  close_transports();
 }
 
 // ---------------------------------------------------------------- failures
@@ -377,8 +418,8 @@ void ProcessGroup::publish_error(const std::string& kind, const std::string& mes
   publish_rank_error(*context_.store, context_.world_rank(), kind, message, dead_rank);
 }
 
-std::exception_ptr ProcessGroup::explain_failure(std::exception_ptr error, const Collective& c) {
-  const std::string what_op = describe(c);
+std::exception_ptr ProcessGroup::explain_failure(std::exception_ptr error,
+                                                 const std::string& what_op) {
   const int me = context_.world_rank();
   // What the other ranks published (an original exception wins over "peer lost").
   auto published = [&](std::string* note) {
@@ -406,6 +447,19 @@ std::exception_ptr ProcessGroup::explain_failure(std::exception_ptr error, const
                                              r["rank"].get<int>(), " failed with: ",
                                              r["message"].get<std::string>());
         publish_error("peer_failed", message, r["rank"].get<int>());
+        return std::make_exception_ptr(CommError(message));
+      }
+    }
+    // A peer that timed out closed its sockets on purpose; it is alive, and its
+    // message names the rank it waited on (the stuck one). Then one that relayed
+    // such an explanation from a rank outside what we can see.
+    for (const char* kind : {"timeout", "peer_failed"}) {
+      for (const json& r : records) {
+        if (r["kind"] != kind) continue;
+        std::string message = detail::concat(what_op, " failed on rank ", me, ": rank ",
+                                             r["rank"].get<int>(), " gave up first: ",
+                                             r["message"].get<std::string>());
+        publish_error("peer_failed", message, r.value("dead_rank", -1));
         return std::make_exception_ptr(CommError(message));
       }
     }
@@ -458,16 +512,33 @@ void ProcessGroup::abort(const std::string& reason) {
 // ---------------------------------------------------------------- sub-groups
 
 std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) {
-  const std::string base = detail::concat(context_.prefix, "/split", split_count_++);
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    if (failed_) std::rethrow_exception(failure_);
+  }
+  const uint64_t split_index = split_count_++;
+  const std::string base = detail::concat(context_.prefix, "/split", split_index);
   context_.store->set(base + "/" + std::to_string(context_.rank), json{color, key}.dump());
   struct Member {
     int color, key, rank;
   };
   std::vector<Member> members;
-  for (int r = 0; r < context_.size; ++r) {
-    json entry = json::parse(context_.store->get(base + "/" + std::to_string(r),
-                                                 context_.options.timeout));
-    if (entry[0].get<int>() == color) members.push_back({color, entry[1].get<int>(), r});
+  try {
+    for (int r = 0; r < context_.size; ++r) {
+      // a member that died or failed is reported as such, not after the whole timeout
+      json entry = json::parse(await_member_key(
+          base + "/" + std::to_string(r),
+          detail::concat("rank ", context_.world_ranks[r], "'s split #", split_index)));
+      if (entry[0].get<int>() == color) members.push_back({color, entry[1].get<int>(), r});
+    }
+  } catch (...) {
+    // The same explanation and the same end as a failed collective: the group is failed.
+    std::exception_ptr explained = explain_failure(
+        std::current_exception(),
+        detail::concat("split #", split_index, " (color ", color, ", key ", key, ") on ",
+                       backend_name(), " group rank ", context_.rank, "/", context_.size));
+    fail_with(explained);
+    std::rethrow_exception(explained);
   }
   std::sort(members.begin(), members.end(), [](const Member& a, const Member& b) {
     return a.key != b.key ? a.key < b.key : a.rank < b.rank;

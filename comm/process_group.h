@@ -178,6 +178,10 @@ class ProcessGroup {
                                                         int key) = 0;
   // Called once after a failure: close sockets and the like so peers notice now.
   virtual void close_transports() {}
+  // A member this backend sees gone (its connection closed), as a group rank, or -1.
+  // Lets waits in the store (debug mode, split) stop when a peer dies. Callable from
+  // any thread; it must not consume data.
+  virtual int lost_member() const { return -1; }
 
   std::string describe(const Collective& collective) const;
   static std::string describe_collective(const Collective& collective, const char* backend,
@@ -195,8 +199,16 @@ class ProcessGroup {
   void execute(Pending& pending);
   void run_staged(const Collective& collective, Deadline deadline);
   void check_same_collective(const Collective& collective);
-  // Turns the exception of a failed collective into the error every later wait sees.
-  std::exception_ptr explain_failure(std::exception_ptr error, const Collective& collective);
+  // Turns the exception of a failed collective (or split), described by what_op, into
+  // the error every later wait sees.
+  std::exception_ptr explain_failure(std::exception_ptr error, const std::string& what_op);
+  // Marks the group failed with `explained` and closes its transports.
+  void fail_with(std::exception_ptr explained);
+  // Store::get of a key a member writes, waited for in short slices until the
+  // timeout; in between, a member that published an error or that lost_member()
+  // reports gone ends the wait with PeerLostError (explain_failure says why).
+  // `what` names what is waited for in the timeout message.
+  std::string await_member_key(const std::string& key, const std::string& what);
   void wait_for_survivors(const std::string& shutdown_key);
   void publish_error(const std::string& kind, const std::string& message, int dead_rank);
 

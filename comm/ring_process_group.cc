@@ -149,6 +149,13 @@ class RingProcessGroup final : public ProcessGroup {
 
   void close_transports() override { mesh_.close(); }
 
+  int lost_member() const override {
+    for (int peer = 0; peer < size(); ++peer) {
+      if (mesh_.peer_closed(peer)) return peer;
+    }
+    return -1;
+  }
+
  private:
   // The ranks must cut every allreduce the same way, or their messages stop
   // matching mid-collective: rank 0 publishes its settings, the others compare.

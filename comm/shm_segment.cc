@@ -38,8 +38,14 @@ ShmSegment::ShmSegment(const std::string& name, size_t bytes, bool create)
   }
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) {
-    throw CommError(detail::concat("mmap of shared memory segment ", name, " failed: ",
-                                   std::strerror(errno)));
+    int err = errno;
+    // A segment we created and cannot map would stay in /dev/shm forever: no one
+    // else knows its name yet.
+    if (create) shm_unlink(name.c_str());
+    throw CommError(detail::concat("mmap of shared memory segment ", name, " (", bytes,
+                                   " bytes) failed: ", std::strerror(err),
+                                   " (too large for this machine? see RINGTRAIN_SHM_SLOT_BYTES "
+                                   "and RINGTRAIN_SHM_SLOTS)"));
   }
   base_ = static_cast<char*>(base);
 }

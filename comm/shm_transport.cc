@@ -59,11 +59,25 @@ size_t ShmLayout::channel_bytes() const {
 
 ShmLayout ShmLayout::from_env(int channels) {
   ShmLayout layout;
+  // Bounded before anything is cast or multiplied: RINGTRAIN_SHM_SLOTS=4294967296
+  // would become 0 slots as an int (a hang), and a huge slot size would wrap the
+  // segment size (a short segment, then a SIGSEGV past its end).
   layout.slot_bytes = env_size("RINGTRAIN_SHM_SLOT_BYTES", layout.slot_bytes, 64);
-  layout.slots = static_cast<int>(env_size("RINGTRAIN_SHM_SLOTS", layout.slots, 1));
-  RT_CHECK(layout.slot_bytes % kCacheLine == 0, "RINGTRAIN_SHM_SLOT_BYTES=", layout.slot_bytes,
-           " must be a multiple of 64");
+  RT_CHECK(layout.slot_bytes <= kMaxSlotBytes && layout.slot_bytes % kCacheLine == 0,
+           "RINGTRAIN_SHM_SLOT_BYTES=", layout.slot_bytes, " must be a multiple of 64 in [64, ",
+           kMaxSlotBytes, "] (1 GiB); unset it or give one such as 131072");
+  const size_t slots = env_size("RINGTRAIN_SHM_SLOTS", layout.slots, 1);
+  RT_CHECK(slots <= static_cast<size_t>(kMaxSlots), "RINGTRAIN_SHM_SLOTS=", slots,
+           " is not in [1, ", kMaxSlots, "]; unset it or give one such as 8");
+  layout.slots = static_cast<int>(slots);
+  RT_CHECK(channels >= 1, "shared-memory transport: ", channels, " local ranks");
   layout.channels = channels;
+  // Within the caps a channel is at most 1 TiB, but the local rank count multiplies it.
+  size_t segment = 0;
+  RT_CHECK(!__builtin_mul_overflow(layout.channel_bytes(), static_cast<size_t>(channels), &segment),
+           "shared-memory transport: RINGTRAIN_SHM_SLOT_BYTES=", layout.slot_bytes,
+           " x RINGTRAIN_SHM_SLOTS=", layout.slots, " x ", channels,
+           " local ranks overflows the segment size; make the slots smaller or fewer");
   return layout;
 }
 

@@ -1,6 +1,9 @@
 #include "comm/store.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/socket.h>
 
 #include <cerrno>
 #include <cstring>
@@ -16,6 +19,14 @@ namespace {
 // How long one blocking socket operation of the store protocol may take when the
 // caller gave no tighter bound.
 constexpr auto kIoTimeout = std::chrono::seconds(60);
+// What a connection that has not yet shown the job's token may cost the server: its
+// hello must come within kHelloTimeout and fit in kMaxHelloBytes (a real hello is
+// under 100 bytes), so a stray cannot make rank 0 allocate 64 MiB or hold a
+// descriptor and a thread forever by saying nothing.
+constexpr auto kHelloTimeout = std::chrono::seconds(10);
+constexpr size_t kMaxHelloBytes = 4096;
+// How long the accept loop pauses when the process is out of descriptors.
+constexpr auto kOutOfDescriptorsPause = std::chrono::milliseconds(100);
 
 void write_message(const Socket& socket, const json& message, Deadline deadline) {
   std::vector<uint8_t> body = json::to_msgpack(message);
@@ -28,15 +39,18 @@ void write_message(const Socket& socket, const json& message, Deadline deadline)
   socket.send_all(body.data(), body.size(), deadline);
 }
 
-// Reads one framed message; throws CommError for oversized or malformed ones.
-json read_message(const Socket& socket, Deadline deadline) {
+// Reads one framed message of at most max_bytes; throws CommError for oversized or
+// malformed ones.
+json read_message(const Socket& socket, Deadline deadline,
+                  size_t max_bytes = kMaxStoreMessageBytes) {
   uint8_t header[4];
   socket.recv_all(header, 4, deadline);
   uint32_t length = header[0] | (header[1] << 8) | (header[2] << 16) |
                     (static_cast<uint32_t>(header[3]) << 24);
-  if (length > kMaxStoreMessageBytes) {
+  if (length > max_bytes) {
     throw CommError(detail::concat("store: message of ", length, " bytes exceeds the limit of ",
-                                   kMaxStoreMessageBytes, " bytes (malformed or not a ringtrain client)"));
+                                   max_bytes, " bytes", max_bytes < kMaxStoreMessageBytes ? " before the hello" : "",
+                                   " (malformed or not a ringtrain client)"));
   }
   std::vector<uint8_t> body(length);
   socket.recv_all(body.data(), length, deadline);
@@ -72,38 +86,90 @@ StoreServer::~StoreServer() {
   stopping_ = true;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& client : clients_) client->shutdown();
+    for (auto& [id, client] : clients_) {
+      if (client.socket) client.socket->shutdown();
+    }
     changed_.notify_all();
   }
   listener_.shutdown();
   if (accept_thread_.joinable()) accept_thread_.join();
-  for (auto& thread : client_threads_) thread.join();
+  // No new clients now; the remaining threads were woken above (stopping_ ends them).
+  for (auto& [id, client] : clients_) client.thread.join();
+}
+
+void StoreServer::reap_finished_clients() {
+  std::vector<std::thread> finished;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = clients_.begin(); it != clients_.end();) {
+      if (!it->second.finished) {
+        ++it;
+        continue;
+      }
+      finished.push_back(std::move(it->second.thread));
+      it = clients_.erase(it);
+    }
+  }
+  // each of these has closed its socket and is past its last use of this object
+  for (auto& thread : finished) thread.join();
 }
 
 void StoreServer::accept_loop() {
+  bool told_out_of_descriptors = false;
   while (!stopping_) {
+    reap_finished_clients();
     pollfd pfd{listener_.fd(), POLLIN, 0};
     int rc = ::poll(&pfd, 1, 100);
     if (rc <= 0 || stopping_) continue;
     if (pfd.revents & (POLLERR | POLLHUP | POLLNVAL)) break;
-    try {
-      Socket client = listener_.accept(Clock::now() + std::chrono::seconds(1));
-      std::lock_guard<std::mutex> lock(mutex_);
-      clients_.push_back(std::make_unique<Socket>(std::move(client)));
-      int index = static_cast<int>(clients_.size()) - 1;
-      client_threads_.emplace_back([this, index] { serve(index); });
-    } catch (const std::exception&) {
-      // a connection that vanished between poll and accept: nothing to serve
+    int fd = ::accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE) {
+        // The connection stays queued and poll() keeps saying so: without a pause
+        // this loop would spin at 100% CPU until a descriptor is freed.
+        if (!told_out_of_descriptors) {
+          std::cerr << "ringtrain: store on port " << port_ << " cannot accept a connection: "
+                    << std::strerror(errno) << "; it retries every "
+                    << kOutOfDescriptorsPause.count() << " ms (raise the limit with ulimit -n, "
+                    << "or find what holds the descriptors)\n";
+          told_out_of_descriptors = true;
+        }
+        std::this_thread::sleep_for(kOutOfDescriptorsPause);
+      }
+      // otherwise a connection that vanished between poll and accept: nothing to serve
+      continue;
     }
+    Socket client(fd);
+    int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    std::lock_guard<std::mutex> lock(mutex_);
+    const uint64_t id = next_client_id_++;
+    Client& entry = clients_[id];
+    entry.socket = std::make_unique<Socket>(std::move(client));
+    entry.thread = std::thread([this, id] { serve(id); });
   }
 }
 
-void StoreServer::serve(int client_index) {
+void StoreServer::serve(uint64_t client_id) {
   Socket* socket;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    socket = clients_[client_index].get();
+    socket = clients_.at(client_id).socket.get();
   }
+  // However serve() returns, the connection is closed and the accept loop told that
+  // this thread can be joined: one descriptor per connection ever made would
+  // otherwise pile up until accept() fails with EMFILE.
+  struct Finish {
+    StoreServer* server;
+    uint64_t id;
+    ~Finish() {
+      std::lock_guard<std::mutex> lock(server->mutex_);
+      Client& client = server->clients_.at(id);
+      client.socket.reset();
+      client.finished = true;
+    }
+  } finish{this, client_id};
+  const Deadline hello_deadline = Clock::now() + kHelloTimeout;
   auto reject = [&](const std::string& why) {
     ++rejected_;
     try {
@@ -120,10 +186,16 @@ void StoreServer::serve(int client_index) {
       // Idle clients are normal (a rank between rendezvous steps): wait in slices.
       pollfd pfd{socket->fd(), POLLIN, 0};
       int rc = ::poll(&pfd, 1, 200);
+      if (rc == 0 && !greeted && Clock::now() >= hello_deadline) {
+        reject(detail::concat("store: connection refused: no hello within ",
+                              kHelloTimeout.count(), " s"));
+        return;
+      }
       if (rc == 0) continue;
       if (rc < 0 && errno == EINTR) continue;  // a signal (e.g. SLURM's walltime USR1) hit this thread
       if (rc < 0) return;
-      message = read_message(*socket, Clock::now() + kIoTimeout);
+      message = greeted ? read_message(*socket, Clock::now() + kIoTimeout)
+                        : read_message(*socket, hello_deadline, kMaxHelloBytes);
     } catch (const SocketClosed&) {
       return;
     } catch (const std::exception& e) {

@@ -51,19 +51,28 @@ class StoreServer {
   int rejected_connections() const { return rejected_.load(); }
 
  private:
+  // One accepted connection. serve() closes the socket when it returns and marks
+  // the entry finished; the accept loop then joins the thread and drops the entry.
+  struct Client {
+    std::unique_ptr<Socket> socket;
+    std::thread thread;
+    bool finished = false;
+  };
+
   void accept_loop();
-  void serve(int client_index);
+  void reap_finished_clients();
+  void serve(uint64_t client_id);
 
   Socket listener_;
   std::string token_;
   int port_ = 0;
   std::atomic<bool> stopping_{false};
   std::atomic<int> rejected_{0};
-  std::mutex mutex_;               // guards data_, clients_
+  std::mutex mutex_;               // guards data_, clients_, next_client_id_
   std::condition_variable changed_;  // notified on every set/add/stop
   std::map<std::string, std::string> data_;
-  std::vector<std::unique_ptr<Socket>> clients_;
-  std::vector<std::thread> client_threads_;
+  std::map<uint64_t, Client> clients_;  // live connections (and finished ones not yet joined)
+  uint64_t next_client_id_ = 0;
   std::thread accept_thread_;
 };
 
@@ -88,8 +97,16 @@ class Store {
 
   const std::string& host() const { return host_; }
   int port() const { return port_; }
-  // The address of this host as seen on the connection to the store: where peers can reach us.
-  std::string local_address() const { return socket_.local_address(); }
+  // Where peers can reach this host: the address set by set_advertised_address, else
+  // the local address of the connection to the store (the interface that routes to it).
+  std::string local_address() const {
+    return advertised_address_.empty() ? socket_.local_address() : advertised_address_;
+  }
+  // For the process that runs the store and reaches it over loopback: the local
+  // address would be 127.0.0.1, which no other host can use, so it names the
+  // address every other rank reached the store at (MASTER_ADDR or the host name
+  // rank 0 sent them) instead.
+  void set_advertised_address(std::string address) { advertised_address_ = std::move(address); }
 
  private:
   std::string request(const std::string& op, const std::string& key, const std::string& value,
@@ -99,6 +116,7 @@ class Store {
   int port_;
   std::mutex mutex_;  // one request at a time on the connection
   Socket socket_;
+  std::string advertised_address_;  // empty: socket_'s local address
 };
 
 }  // namespace ringtrain::comm

@@ -64,11 +64,15 @@ struct ShmLayout {
   // 6-12% faster at 16-32 MiB and the same elsewhere in three alternating sweeps
   // (the inbox stays in cache), with half the shared memory
   // (docs/collective-benchmark.md).
-  size_t slot_bytes = 128 << 10;  // multiple of 64; RINGTRAIN_SHM_SLOT_BYTES
-  int slots = 8;                  // RINGTRAIN_SHM_SLOTS
+  static constexpr size_t kMaxSlotBytes = size_t{1} << 30;  // 1 GiB
+  static constexpr int kMaxSlots = 1024;
+  size_t slot_bytes = 128 << 10;  // multiple of 64 in [64, kMaxSlotBytes]; RINGTRAIN_SHM_SLOT_BYTES
+  int slots = 8;                  // in [1, kMaxSlots]; RINGTRAIN_SHM_SLOTS
   int channels = 1;               // local ranks (one channel per local sender)
   size_t channel_bytes() const;
   size_t segment_bytes() const { return channel_bytes() * channels; }
+  // Reads RINGTRAIN_SHM_SLOT_BYTES and RINGTRAIN_SHM_SLOTS; throws naming the
+  // variable and its allowed range when a value is outside it.
   static ShmLayout from_env(int channels);
 };
 // inbox: this rank's own segment, channel `peer_local` (the peer writes there);
@@ -120,6 +124,8 @@ class PeerMesh {
 
   // "shm" or "tcp": what carries the bytes to `peer`.
   const char* transport_kind(int peer) const;
+  // True when `peer`'s connection is closed (it died or gave up); no data is consumed.
+  bool peer_closed(int peer) const { return peer != rank_ && peers_[peer].socket.peer_closed(); }
   // True when every member shares memory with this rank (symmetric memory works).
   bool all_shared_memory() const { return size_ > 1 && shm_peers_ == size_ - 1; }
   // A prefix for shared-memory segment names unique to this group and process.

@@ -19,6 +19,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -107,7 +108,7 @@ int main(int argc, char** argv) {
                  "the master address on several; RINGTRAIN_JOB_TOKEN also works)");
   app.add_option("--stop-timeout", stop_timeout,
                  "seconds between SIGTERM and SIGKILL when stopping the other workers")
-      ->capture_default_str();
+      ->check(CLI::Range(0.0, 86400.0))->capture_default_str();
   app.prefix_command();  // everything from the program name on belongs to the worker
   app.footer("Example: ringrun --nproc-per-node 2 ./build/bench/comm_sweep --backend ring");
   CLI11_PARSE(app, argc, argv);
@@ -142,6 +143,7 @@ int main(int argc, char** argv) {
   sigset_t previous;
   sigprocmask(SIG_BLOCK, &handled, &previous);
 
+  const pid_t ringrun_pid = getpid();
   std::vector<Worker> workers(nproc_per_node);
   for (int local = 0; local < nproc_per_node; ++local) {
     const int rank = node_rank * nproc_per_node + local;
@@ -153,6 +155,11 @@ int main(int argc, char** argv) {
     }
     if (pid == 0) {
       setpgid(0, 0);
+      // If ringrun itself is killed (kill -9, OOM killer), nothing forwards signals
+      // any more: the kernel kills the worker then. ringrun may already have died
+      // before this call, so look whether the parent is still ringrun.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != ringrun_pid) _exit(128 + SIGKILL);
       sigprocmask(SIG_SETMASK, &previous, nullptr);
       setenv("MASTER_ADDR", master_addr.c_str(), 1);
       setenv("MASTER_PORT", std::to_string(master_port).c_str(), 1);
@@ -191,7 +198,7 @@ int main(int argc, char** argv) {
       stop_others(sig);
       if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT) {
         if (!stopping) kill_deadline = std::chrono::steady_clock::now() +
-                                       std::chrono::milliseconds(static_cast<int>(stop_timeout * 1000));
+                                       std::chrono::milliseconds(static_cast<int64_t>(stop_timeout * 1000));
         stopping = true;
         if (exit_code == 0) exit_code = 128 + sig;
       }
@@ -211,7 +218,7 @@ int main(int argc, char** argv) {
           stopping = true;
           stop_others(SIGTERM);
           kill_deadline = std::chrono::steady_clock::now() +
-                          std::chrono::milliseconds(static_cast<int>(stop_timeout * 1000));
+                          std::chrono::milliseconds(static_cast<int64_t>(stop_timeout * 1000));
         }
       }
     }

@@ -10,12 +10,23 @@
 //   comm_worker --mode throw      rank --victim throws an uncaught exception between allreduces
 //   comm_worker --mode mismatch   rank --victim issues a broadcast where the others allreduce
 //                                 (run with RINGTRAIN_DEBUG_COLLECTIVES=1)
+//   comm_worker --mode kill_before rank --victim SIGKILLs itself before it issues an allreduce
+//                                 (with RINGTRAIN_DEBUG_COLLECTIVES=1: the others wait in the
+//                                 debug check, not in the ring)
+//   comm_worker --mode stall      rank --victim + 1 sleeps 6 s before an allreduce and rank
+//                                 --victim 1 s (run with RINGTRAIN_TIMEOUT_SEC=2): a rank times
+//                                 out and the rest must say so, not that it died
+//   comm_worker --mode split_dead rank --victim SIGKILLs itself; the others call split()
+//   comm_worker --mode sub_mismatch   split by rank % 2; in the odd group the last rank
+//                                 broadcasts where the others allreduce (debug mode); the
+//                                 odd ranks print their error and every rank exits 0
 // Survivors print "rank R failed after X ms: <error>" and exit 3.
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <thread>
 #include <vector>
@@ -36,7 +47,8 @@ int main(int argc, char** argv) {
   bool blocking = false;
   app.add_flag("--symmetric", symmetric, "kill/throw/mismatch: allreduce a symmetric buffer");
   app.add_flag("--blocking", blocking, "kill/throw/mismatch: launch the allreduces Launch::kBlocking");
-  app.add_option("--mode", mode)->check(CLI::IsMember({"check", "kill", "throw", "mismatch"}));
+  app.add_option("--mode", mode)->check(CLI::IsMember(
+      {"check", "kill", "throw", "mismatch", "kill_before", "stall", "split_dead", "sub_mismatch"}));
   app.add_option("--backend", backend);
   app.add_option("--init", init_method);
   app.add_option("--victim", victim);
@@ -60,12 +72,57 @@ int main(int argc, char** argv) {
       std::cerr << "rank " << rank << ": wrong result " << data.front() << " (want " << want << ")\n";
       return 1;
     }
+    // mpi:// and file://: rank 0 reaches its own store over loopback, but must publish
+    // for the mesh the address the other ranks reached the store at (a peer on
+    // another host cannot use 127.0.0.1).
+    const std::string method = launch_info().method;
+    if (rank == 0 && n > 1 && pg->backend_name() == std::string("ring") &&
+        (method == "mpi" || method == "file")) {
+      auto mesh = nlohmann::json::parse(pg->store().get("rt/world/ring/mesh/0", std::chrono::seconds(5)));
+      if (mesh["addr"] != launch_info().master_addr) {
+        std::cerr << "rank 0: published mesh address " << mesh["addr"] << ", but the ranks reach rank 0 at "
+                  << launch_info().master_addr << "\n";
+        return 1;
+      }
+    }
     std::cout << "rank " << rank << " of " << n << ": ok (init " << launch_info().method
               << ", backend " << pg->backend_name() << ")" << std::endl;
     return 0;
   }
 
   const auto start = std::chrono::steady_clock::now();
+  auto report = [&](const std::exception& e) {
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+    std::cerr << "rank " << rank << " failed after " << ms.count() << " ms: " << e.what() << std::endl;
+    return 3;
+  };
+  if (mode == "split_dead") {
+    pg->barrier().wait();
+    if (rank == victim) raise(SIGKILL);
+    try {
+      pg->split(0, rank);
+    } catch (const std::exception& e) {
+      return report(e);
+    }
+    std::cerr << "rank " << rank << ": no failure was observed" << std::endl;
+    return 0;
+  }
+  if (mode == "sub_mismatch") {
+    auto sub = pg->split(rank % 2, rank);
+    std::vector<float> values(10, 1.0f);
+    if (rank % 2 == 1) {
+      try {
+        if (sub->rank() == sub->size() - 1) {
+          sub->broadcast({values.data(), values.size(), DType::kFloat32}, 0).wait();
+        } else {
+          sub->allreduce({values.data(), values.size(), DType::kFloat32}).wait();
+        }
+      } catch (const std::exception& e) {
+        report(e);
+      }
+    }
+    return 0;
+  }
   std::vector<float> private_data((16u << 20) / sizeof(float), 1.0f);
   std::span<float> data(private_data);
   std::shared_ptr<SymmetricBuffer> shared;
@@ -87,10 +144,18 @@ int main(int argc, char** argv) {
           }).detach();
         } else if (mode == "throw") {
           throw std::runtime_error("injected failure: the data loader of rank " + std::to_string(rank) + " broke");
+        } else if (mode == "kill_before") {
+          std::cerr << "victim: SIGKILL now" << std::endl;
+          raise(SIGKILL);
         } else if (mode == "mismatch") {
           pg->broadcast({data.data(), 10, DType::kFloat32}, 0).wait();
           continue;
         }
+      }
+      if (mode == "stall" && iteration == 3) {
+        // (victim + 1) is stuck long past the timeout; victim comes 1 s late
+        if (rank == (victim + 1) % n) std::this_thread::sleep_for(std::chrono::seconds(6));
+        if (rank == victim) std::this_thread::sleep_for(std::chrono::seconds(1));
       }
       pg->allreduce({data.data(), data.size(), DType::kFloat32}, ReduceOp::kSum,
                     blocking ? Launch::kBlocking : Launch::kAsync)
@@ -99,9 +164,7 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     // the injected exception must stay uncaught: that is what the test is about
     if (mode == "throw" && rank == victim) throw;
-    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
-    std::cerr << "rank " << rank << " failed after " << ms.count() << " ms: " << e.what() << std::endl;
-    return 3;
+    return report(e);
   }
   std::cerr << "rank " << rank << ": no failure was observed" << std::endl;
   return 0;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <functional>
 #include <string>
 
 #include "comm/launch_env.h"
@@ -167,6 +168,70 @@ TEST(EnvSize, FallbackNumberOrAnErrorNamingTheVariable) {
               "one such as 65536");
   }
   ::unsetenv(kName);
+}
+
+// The message of the CommError fn throws; anything else (std::out_of_range from a
+// stoll, no error at all) is reported as such, so the test fails saying what happened.
+std::string comm_error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const CommError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("(not a CommError: ") + e.what() + ")";
+  }
+  return "(no error)";
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(Nodelist, NumbersTooLargeOrTrailingCommasAreNamedErrors) {
+  for (const char* bad : {"node[99999999999999999999]", "node[1-99999999999999999999]", "a,",
+                          "a[1-2],"}) {
+    std::string error = comm_error_of([&] { expand_nodelist(bad); });
+    EXPECT_TRUE(contains(error, std::string("cannot parse node list '") + bad + "'")) << error;
+  }
+}
+
+TEST(TasksPerNode, RejectsZeroAndHugeCounts) {
+  for (const char* bad : {"2(x0)", "0", "2,0(x3)", "99999999999", "2(x99999999999)"}) {
+    std::string error = comm_error_of([&] { expand_tasks_per_node(bad); });
+    EXPECT_TRUE(contains(error, std::string("SLURM_TASKS_PER_NODE='") + bad + "'")) << error;
+    EXPECT_TRUE(contains(error, "in [1, 1048576]")) << error;
+  }
+}
+
+TEST(SlurmMethod, LocalIdMustBeBelowTheTasksOnItsNode) {
+  EnvMap env = srun_env();  // node 1 of 2(x2): 2 tasks
+  env["SLURM_LOCALID"] = "7";
+  EXPECT_EQ(comm_error_of([&] { parse_slurm_method(env); }),
+            "SLURM_LOCALID=7 is not below the 2 tasks on node 1 that SLURM_TASKS_PER_NODE='2(x2)' "
+            "gives; launch with srun, or set them consistently");
+  env = srun_env();
+  env["SLURM_TASKS_PER_NODE"] = "2(x0)";  // used to crash on counts.back() of an empty list
+  EXPECT_TRUE(contains(comm_error_of([&] { parse_slurm_method(env); }), "SLURM_TASKS_PER_NODE='2(x0)'"));
+}
+
+TEST(MpiMethod, PmiErrorsNameThePmiVariables) {
+  EXPECT_EQ(comm_error_of([] { parse_mpi_method({{"PMI_SIZE", "2"}, {"PMI_RANK", "5"}}); }),
+            "PMI_RANK=5 is not below PMI_SIZE=2; ranks count from 0 to PMI_SIZE-1");
+}
+
+TEST(UrlMethods, HugePortIsANamedError) {
+  std::string error = comm_error_of([] { resolve_launch("tcp://h:99999999999999999999", {}, 0, 1); });
+  EXPECT_TRUE(contains(error, "init method 'tcp://h:99999999999999999999': port 99999999999999999999 "
+                              "is out of range 1-65535")) << error;
+}
+
+TEST(EnvMethod, IntegersWithSpacesOrSignsAreRejected) {
+  for (const char* bad : {" 1", "\t1", "+1", "1 ", "-"}) {
+    EnvMap env = torchrun_env();
+    env["RANK"] = bad;
+    EXPECT_TRUE(contains(comm_error_of([&] { parse_env_method(env); }),
+                         std::string("environment variable RANK='") + bad + "'")) << bad;
+  }
 }
 
 TEST(Reduce, SixteenBitFloatsComputeInFloat) {

@@ -1,9 +1,14 @@
 // Single-process tests of the TCP Store: protocol, blocking get, counters, and
 // the rejection of connections without the job token or with malformed frames.
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <ctime>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -108,6 +113,95 @@ TEST(Store, RejectsRequestsBeforeHello) {
   frame[0] = static_cast<char>(body.size());
   std::string error = raw_exchange(server.port(), frame + std::string(body.begin(), body.end()));
   EXPECT_NE(error.find("token"), std::string::npos) << error;
+}
+
+// Descriptors this process has open now.
+int open_descriptors() {
+  int count = 0;
+  DIR* dir = opendir("/proc/self/fd");
+  while (readdir(dir)) ++count;
+  closedir(dir);
+  return count - 3;  // ".", ".." and the directory itself
+}
+
+// The server used to keep every accepted socket open after serving it: one
+// descriptor per connection ever made, strays included, until accept() hit EMFILE.
+TEST(Store, ClosesEveryConnectionItServed) {
+  StoreServer server("127.0.0.1", 0, "tok");
+  { Store warm("127.0.0.1", server.port(), "tok"); }  // whatever the first connection sets up
+  std::this_thread::sleep_for(300ms);
+  const int before = open_descriptors();
+  for (int i = 0; i < 200; ++i) {
+    Store store("127.0.0.1", server.port(), "tok");
+    store.set("k", "v");
+  }
+  for (int i = 0; i < 100; ++i) {
+    EXPECT_THROW(Store("127.0.0.1", server.port(), "bad", 2s), CommError);
+  }
+  // each server thread notices its client's EOF within its 200 ms poll slice
+  int after = open_descriptors();
+  for (auto end = std::chrono::steady_clock::now() + 5s;
+       after > before && std::chrono::steady_clock::now() < end; after = open_descriptors()) {
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_LE(after, before) << "descriptors still open after 300 short-lived clients";
+}
+
+// Before the token is shown a connection may not make the server allocate much:
+// a frame that announces 1 MiB (under the 64 MiB limit for greeted clients) is refused.
+TEST(Store, RejectsLargeFrameBeforeHello) {
+  StoreServer server("127.0.0.1", 0, "t");
+  std::string frame = std::string("\x00\x00\x10\x00", 4);  // announces 1 MiB
+  std::string error = raw_exchange(server.port(), frame);
+  EXPECT_NE(error.find("exceeds the limit of 4096 bytes before the hello"), std::string::npos) << error;
+  EXPECT_EQ(server.rejected_connections(), 1);
+}
+
+// Out of descriptors (connections the server cannot accept yet), the accept loop
+// used to spin at 100% CPU. The server runs in a child with a limit of 64
+// descriptors; 80 silent connections exhaust it for a second; then they close and
+// a real client must get through.
+TEST(Store, PausesWhenOutOfDescriptorsAndRecovers) {
+  int to_parent[2];
+  int to_child[2];
+  ASSERT_EQ(pipe(to_parent), 0);
+  ASSERT_EQ(pipe(to_child), 0);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    rlimit limit{64, 64};
+    setrlimit(RLIMIT_NOFILE, &limit);
+    StoreServer server("127.0.0.1", 0, "tok");
+    int port = server.port();
+    if (write(to_parent[1], &port, sizeof(port)) != sizeof(port)) _exit(1);
+    char go = 0;
+    if (read(to_child[0], &go, 1) != 1) _exit(1);
+    double cpu_seconds = static_cast<double>(std::clock()) / CLOCKS_PER_SEC;
+    if (write(to_parent[1], &cpu_seconds, sizeof(cpu_seconds)) != sizeof(cpu_seconds)) _exit(1);
+    _exit(0);
+  }
+  int port = 0;
+  ASSERT_EQ(read(to_parent[0], &port, sizeof(port)), static_cast<ssize_t>(sizeof(port)));
+  std::vector<Socket> silent;
+  for (int i = 0; i < 80; ++i) silent.push_back(Socket::connect("127.0.0.1", port, Clock::now() + 2s));
+  std::this_thread::sleep_for(1500ms);
+  silent.clear();
+  std::string outcome = "ok";
+  try {
+    Store store("127.0.0.1", port, "tok", 5s);
+    store.set("k", "v");
+  } catch (const std::exception& e) {
+    outcome = e.what();
+  }
+  char go = 1;
+  ASSERT_EQ(write(to_child[1], &go, 1), 1);
+  double cpu_seconds = -1;
+  ASSERT_EQ(read(to_parent[0], &cpu_seconds, sizeof(cpu_seconds)), static_cast<ssize_t>(sizeof(cpu_seconds)));
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_EQ(outcome, "ok");
+  // spinning for the 1.5 s the descriptors were exhausted would use about that much
+  EXPECT_LT(cpu_seconds, 0.5);
 }
 
 TEST(Store, PortInUseSaysWhichAndHowToFix) {
