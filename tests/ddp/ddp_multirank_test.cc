@@ -236,6 +236,32 @@ TEST(DdpMultiRank, StaticGraphLearnsTheUnusedSetInStepOne) {
   train_and_compare(model, reference, DdpOptions{.static_graph = true}, Opt::kSgd);
 }
 
+// The same Linear used twice (weights tied): DDP lists and reduces it once, the
+// engine sums both uses into its one gradient, and training matches one process.
+TEST(DdpMultiRank, ModelThatReusesASubmoduleTrainsLikeOneProcess) {
+  auto make_tied = [](uint64_t seed) {
+    Generator gen(seed);
+    auto shared = nn::make<nn::Linear>(kIn, kIn, true, gen);
+    auto seq = nn::make<nn::Sequential>();
+    seq->push_back(shared);
+    seq->push_back(nn::make<nn::Tanh>());
+    seq->push_back(shared);
+    seq->push_back(nn::make<nn::ReLU>());
+    seq->push_back(nn::make<nn::Linear>(kIn, kClasses, true, gen));
+    return seq;
+  };
+  for (Opt opt : {Opt::kSgd, Opt::kAdam}) {
+    SCOPED_TRACE(opt == Opt::kSgd ? "SGD" : "Adam");
+    auto model = make_tied(53 + g_world->rank());
+    auto reference = make_tied(53);
+    model->to(g_device);
+    reference->to(g_device);
+    DistributedDataParallel ddp(model, g_world, DdpOptions{.bucket_cap_bytes = 1, .first_bucket_bytes = 1});
+    EXPECT_EQ(ddp.reducer().buckets().size(), 4u);  // 0.weight, 0.bias, 4.weight, 4.bias
+    run_and_compare(ddp, *reference, opt);
+  }
+}
+
 TEST(DdpMultiRank, UnusedParameterWithoutTheFlagFailsAtTheNextIterationNamingIt) {
   Generator gen(17);
   auto model = std::make_shared<TwoBranch>(gen);
