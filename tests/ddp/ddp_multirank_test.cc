@@ -262,6 +262,28 @@ TEST(DdpMultiRank, ModelThatReusesASubmoduleTrainsLikeOneProcess) {
   }
 }
 
+// Frozen on one rank only: the ranks would bucket different parameter sets, and
+// the first collective would fail on a size that names no parameter. Construction
+// must name the parameter and the ranks instead.
+TEST(DdpMultiRank, ParameterFrozenOnOneRankOnlyIsNamedAtConstruction) {
+  if (g_world->size() < 2) GTEST_SKIP() << "needs a second rank to disagree with";
+  for (bool symmetric : {true, false}) {
+    SCOPED_TRACE(symmetric ? "symmetric buckets" : "ordinary bucket memory");
+    Generator gen(59);
+    auto model = std::make_shared<TwoBranch>(gen);
+    if (g_world->rank() == 1) autograd::set_requires_grad(model->param("used.weight"), false);
+    try {
+      DistributedDataParallel ddp(model, g_world, DdpOptions{.symmetric_buckets = symmetric});
+      FAIL() << "expected a model mismatch error on rank " << g_world->rank();
+    } catch (const Error& e) {
+      std::string msg = e.what();
+      EXPECT_NE(msg.find("used.weight"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("requires_grad"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("rank 1"), std::string::npos) << msg;
+    }
+  }
+}
+
 TEST(DdpMultiRank, UnusedParameterWithoutTheFlagFailsAtTheNextIterationNamingIt) {
   Generator gen(17);
   auto model = std::make_shared<TwoBranch>(gen);
