@@ -168,7 +168,8 @@ class Reducer {
   bool callback_queued_ = false;         // finalize is queued for this backward
   size_t next_bucket_ = 0;               // the next bucket index allowed to launch
   std::vector<bool> ready_;              // param i marked ready this backward
-  std::vector<bool> used_;               // param i got a gradient (vs. unused) this backward
+  std::vector<bool> used_;               // param i got a gradient this backward or since the last sync
+  std::vector<bool> used_since_sync_;    // param i got a gradient in a no_sync backward since the last sync
   std::vector<size_t> ready_order_;      // order of readiness in this backward (for rebuilding)
   std::string pending_error_;            // thrown at the next prepare_for_backward
   std::chrono::steady_clock::time_point backward_start_;
