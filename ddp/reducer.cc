@@ -399,8 +399,12 @@ void Reducer::finalize_backward() {
   }
 
   if (options_.static_graph && !first_step_done_) {
+    // What *this rank* did not use, not what no rank used: the set is pre-marked
+    // here in every later step, and a parameter only rank 0 uses must still be
+    // pre-marked on rank 1, or rank 1's bucket never completes while rank 0 waits
+    // for it in the allreduce.
     static_unused_.assign(params_.size(), false);
-    for (size_t i = 0; i < params_.size(); ++i) static_unused_[i] = !globally_used[i];
+    for (size_t i = 0; i < params_.size(); ++i) static_unused_[i] = !used_[i];
   }
   first_step_done_ = true;
   maybe_rebuild_buckets();

@@ -178,7 +178,7 @@ class Reducer {
   // ---- across steps ----
   bool rebuilt_ = false;                 // buckets already rebuilt from the real order
   bool first_step_done_ = false;         // one synced backward has finished
-  std::vector<bool> static_unused_;      // static_graph: params unused in step 1
+  std::vector<bool> static_unused_;      // static_graph: params this rank did not use in step 1
   StepStats stats_;
   std::vector<BucketTiming> timings_;
   std::vector<std::pair<size_t, double>> grad_ready_ms_;  // this step's hook times

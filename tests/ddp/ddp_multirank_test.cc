@@ -290,6 +290,47 @@ TEST(DdpMultiRank, NoSyncGradientOfAParameterTheSyncedBackwardDoesNotUseIsReduce
   }
 }
 
+// static_graph with a parameter only rank 0 uses: every rank must pre-mark what *it*
+// did not use in step 1. Pre-marking only what no rank used left rank 1's bucket
+// incomplete from step 2 on, while rank 0 waited for it in the allreduce (a hang).
+// The reference: one process computing the same mean of the ranks' losses.
+TEST(DdpMultiRank, StaticGraphWithAParameterOnlyRankZeroUsesTrainsLikeOneProcess) {
+  Generator g1(47 + g_world->rank()), g2(47);
+  auto model = std::make_shared<TwoBranch>(g1);
+  auto reference = std::make_shared<TwoBranch>(g2);
+  model->to(g_device);
+  reference->to(g_device);
+  DistributedDataParallel ddp(model, g_world, DdpOptions{.bucket_cap_bytes = 2048, .first_bucket_bytes = 512,
+                                                         .static_graph = true});
+  model->use_unused = g_world->rank() == 0;
+  nn::SGD opt_ddp(model->parameters(), nn::SGDOptions{.lr = 0.1});
+  nn::SGD opt_ref(reference->parameters(), nn::SGDOptions{.lr = 0.1});
+  const int world = g_world->size();
+  for (int step = 0; step < 4; ++step) {
+    opt_ddp.zero_grad();
+    opt_ref.zero_grad();
+    Batch global = global_batch(step);
+    global = {global.x.to(g_device), global.y.to(g_device)};
+    Batch local = rank_slice(global);
+    autograd::backward(ag::cross_entropy(ddp(local.x), local.y));
+    // DDP averages the ranks' mean losses: the reference sums each rank's slice loss
+    // (computed with that rank's branch choice) over the world size.
+    Tensor loss;
+    for (int r = 0; r < world; ++r) {
+      reference->use_unused = r == 0;
+      Tensor x = global.x.narrow(0, kPerRankBatch * r, kPerRankBatch).contiguous();
+      Tensor y = global.y.narrow(0, kPerRankBatch * r, kPerRankBatch).contiguous();
+      Tensor l = ag::cross_entropy(reference->forward(x), y);
+      loss = loss.defined() ? ag::add(loss, l) : l;
+    }
+    autograd::backward(ag::div(loss, static_cast<double>(world)));
+    opt_ddp.step();
+    opt_ref.step();
+    expect_same_parameters(*model, *reference);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
 // The same Linear used twice (weights tied): DDP lists and reduces it once, the
 // engine sums both uses into its one gradient, and training matches one process.
 TEST(DdpMultiRank, ModelThatReusesASubmoduleTrainsLikeOneProcess) {
