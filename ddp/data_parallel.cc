@@ -39,10 +39,13 @@ void DataParallel::sync_replica_state(size_t replica) {
   nn::Module& r = *replicas_[replica];
   r.train(module_->is_training());
   // Parameters: differentiable copies of the originals (their gradients flow home).
-  for (auto& [name, p] : module_->named_parameters()) r.param(name) = to_device(p, devices_[replica]);
+  // Every name, duplicates included: clone() does not keep two names of one tensor
+  // tied, so a replica holds one tensor per name, and each must get its copy.
+  for (auto& [name, p] : module_->named_parameters(true, /*remove_duplicate=*/false))
+    r.param(name) = to_device(p, devices_[replica]);
   // Buffers: this forward's copy of the originals' values.
   autograd::NoGradGuard no_grad;
-  for (auto& [name, b] : module_->named_buffers()) r.buffer(name).copy_(b);
+  for (auto& [name, b] : module_->named_buffers(true, /*remove_duplicate=*/false)) r.buffer(name).copy_(b);
 }
 
 Tensor DataParallel::forward(const Tensor& input) {

@@ -10,13 +10,17 @@ namespace ringtrain::ddp {
 
 namespace {
 constexpr size_t kMaxDims = 8;
-constexpr size_t kSignatureWords = 2 + kMaxDims;  // dtype, rank, dims
+// One parameter's signature: dtype, requires_grad, rank, dims. requires_grad is in
+// it because it decides which parameters the Reducer buckets: a parameter frozen
+// on one rank only would give the ranks different bucket layouts, and the first
+// allreduce would fail on a size mismatch that names no parameter.
+constexpr size_t kSignatureWords = 3 + kMaxDims;
 
 std::string describe_signature(const int64_t* s) {
   std::ostringstream os;
   os << dtype_name(static_cast<DType>(s[0])) << "[";
-  for (int64_t d = 0; d < s[1] && d < static_cast<int64_t>(kMaxDims); ++d) os << (d ? ", " : "") << s[2 + d];
-  os << "]";
+  for (int64_t d = 0; d < s[2] && d < static_cast<int64_t>(kMaxDims); ++d) os << (d ? ", " : "") << s[3 + d];
+  os << "]" << (s[1] ? " requiring grad" : " frozen (requires_grad=false)");
   return os.str();
 }
 }  // namespace
@@ -64,7 +68,7 @@ void DistributedDataParallel::verify_same_parameters() {
        << "; every rank must construct the same model before wrapping it in DDP";
     throw Error(os.str());
   }
-  // 2. dtype and shape of each, in order
+  // 2. dtype, requires_grad and shape of each, in order
   std::vector<int64_t> mine(named.size() * kSignatureWords, 0);
   for (size_t i = 0; i < named.size(); ++i) {
     const Tensor& p = named[i].second;
@@ -72,8 +76,9 @@ void DistributedDataParallel::verify_same_parameters() {
              named[i].first, "' has more than ", kMaxDims, " dims");
     int64_t* s = &mine[i * kSignatureWords];
     s[0] = static_cast<int64_t>(p.dtype());
-    s[1] = p.dim();
-    for (int64_t d = 0; d < p.dim(); ++d) s[2 + d] = p.size(d);
+    s[1] = autograd::requires_grad(p) ? 1 : 0;
+    s[2] = p.dim();
+    for (int64_t d = 0; d < p.dim(); ++d) s[3 + d] = p.size(d);
   }
   std::vector<int64_t> all(mine.size() * world);
   group_->allgather({mine.data(), mine.size(), DType::kInt64, Device::cpu()}, {all.data(), all.size(), DType::kInt64, Device::cpu()})
@@ -87,7 +92,8 @@ void DistributedDataParallel::verify_same_parameters() {
       os << "DistributedDataParallel: ranks have different models: parameter #" << i << " ('"
          << named[i].first << "' here on rank " << group_->rank() << ") is " << describe_signature(reference)
          << " on rank 0 but " << describe_signature(other) << " on rank " << r
-         << "; every rank must construct the same model before wrapping it in DDP";
+         << "; every rank must construct the same model, and freeze the same parameters, "
+            "before wrapping it in DDP";
       throw Error(os.str());
     }
   }

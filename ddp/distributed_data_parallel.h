@@ -3,8 +3,9 @@
 // defines: DdpOptions, DistributedDataParallel (with NoSyncGuard).
 //
 // Construction (a collective: every rank must construct at the same point):
-//   1. verify that every rank has the same parameters (count, then dtype and shape
-//      of each, in order); on mismatch throw naming the first differing parameter
+//   1. verify that every rank has the same parameters (count, then dtype,
+//      requires_grad and shape of each, in order; a tensor reached under two names,
+//      tied weights, counts once); on mismatch throw naming the first differing parameter
 //      and the ranks, instead of hanging or silently averaging unrelated tensors;
 //   2. broadcast parameters and buffers from rank 0, so all replicas start equal;
 //   3. build the Reducer (buckets + post-accumulate hooks on every parameter).

@@ -68,6 +68,7 @@ Reducer::Reducer(std::vector<Tensor> params, std::vector<std::string> names,
   build_buckets(order);
   ready_.assign(params_.size(), false);
   used_.assign(params_.size(), false);
+  used_since_sync_.assign(params_.size(), false);
   for (size_t i = 0; i < params_.size(); ++i)
     hooks_.push_back(autograd::register_post_accumulate_grad_hook(
         params_[i], [this, i](const Tensor&) { on_gradient_ready(i); }));
@@ -242,7 +243,13 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
 }
 
 void Reducer::on_gradient_ready(size_t index) {
-  if (!expect_hooks_) return;  // no_sync, or a backward DDP did not prepare
+  if (!expect_hooks_) {
+    // no_sync (or a backward DDP did not prepare): the gradient only accumulates in
+    // .grad, but the parameter counts as used in the next synced step, which must
+    // reduce that sum even if its own backward does not reach the parameter.
+    used_since_sync_[index] = true;
+    return;
+  }
   if (!callback_queued_) {
     autograd::queue_callback([this] { finalize_backward(); });
     callback_queued_ = true;
@@ -257,7 +264,9 @@ void Reducer::on_gradient_ready(size_t index) {
 
 void Reducer::mark_variable_ready(size_t index, bool used) {
   ready_[index] = true;
-  used_[index] = used;
+  // Used means: got a gradient in this backward or in a no_sync backward since the
+  // last synced one (then .grad holds the accumulated sum, and it must be reduced).
+  used_[index] = used || used_since_sync_[index];
   if (used) ready_order_.push_back(index);
   const VariableLocator& loc = locators_[index];
   Bucket& bucket = buckets_[loc.bucket_index];
@@ -265,9 +274,11 @@ void Reducer::mark_variable_ready(size_t index, bool used) {
   Tensor g = autograd::grad(params_[index]);
   if (passthrough()) {
     // nothing to move: the average over one rank is the gradient itself
-  } else if (!used || !g.defined()) {
-    zero_(view);  // an unused parameter contributes zeros to the average
+  } else if (!g.defined()) {
+    zero_(view);  // a parameter without a gradient contributes zeros to the average
   } else if (!g.is_same(view)) {
+    // A defined .grad goes in whether or not this backward reached the parameter:
+    // unused now, it may still hold what no_sync micro-batches accumulated.
     view.copy_(g);  // gradient_as_bucket_view makes this a no-op (same tensor)
   }
   if (--bucket.pending == 0) {
@@ -317,6 +328,7 @@ void Reducer::finalize_backward() {
                      "part in computing the loss.";
     for (auto& bucket : buckets_)
       if (bucket.launched) bucket.work.wait(group_->options().timeout);
+    std::fill(used_since_sync_.begin(), used_since_sync_.end(), false);
     return;
   }
   // Step 2: without overlap, everything goes out now (still in index order).
@@ -341,6 +353,7 @@ void Reducer::finalize_backward() {
   stats_.comm_wait_ms = ms_between(wait_start, Clock::now());
 
   // Step 4: which parameters were used anywhere? (only when some may be unused)
+  // used_ counts this backward and the no_sync micro-batches before it.
   std::vector<bool> globally_used(params_.size(), true);
   if (passthrough()) {
     globally_used = used_;
@@ -351,6 +364,8 @@ void Reducer::finalize_backward() {
         .wait(group_->options().timeout);
     for (size_t i = 0; i < params_.size(); ++i) globally_used[i] = used[i] != 0;
   }
+  // Counted: the next no_sync accumulation starts afresh.
+  std::fill(used_since_sync_.begin(), used_since_sync_.end(), false);
 
   // Step 5: averaged gradients back into .grad. A parameter no rank used keeps
   // no gradient, exactly as in single-process training.
@@ -384,8 +399,12 @@ void Reducer::finalize_backward() {
   }
 
   if (options_.static_graph && !first_step_done_) {
+    // What *this rank* did not use, not what no rank used: the set is pre-marked
+    // here in every later step, and a parameter only rank 0 uses must still be
+    // pre-marked on rank 1, or rank 1's bucket never completes while rank 0 waits
+    // for it in the allreduce.
     static_unused_.assign(params_.size(), false);
-    for (size_t i = 0; i < params_.size(); ++i) static_unused_[i] = !globally_used[i];
+    for (size_t i = 0; i < params_.size(); ++i) static_unused_[i] = !used_[i];
   }
   first_step_done_ = true;
   maybe_rebuild_buckets();

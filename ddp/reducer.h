@@ -168,7 +168,8 @@ class Reducer {
   bool callback_queued_ = false;         // finalize is queued for this backward
   size_t next_bucket_ = 0;               // the next bucket index allowed to launch
   std::vector<bool> ready_;              // param i marked ready this backward
-  std::vector<bool> used_;               // param i got a gradient (vs. unused) this backward
+  std::vector<bool> used_;               // param i got a gradient this backward or since the last sync
+  std::vector<bool> used_since_sync_;    // param i got a gradient in a no_sync backward since the last sync
   std::vector<size_t> ready_order_;      // order of readiness in this backward (for rebuilding)
   std::string pending_error_;            // thrown at the next prepare_for_backward
   std::chrono::steady_clock::time_point backward_start_;
@@ -177,7 +178,7 @@ class Reducer {
   // ---- across steps ----
   bool rebuilt_ = false;                 // buckets already rebuilt from the real order
   bool first_step_done_ = false;         // one synced backward has finished
-  std::vector<bool> static_unused_;      // static_graph: params unused in step 1
+  std::vector<bool> static_unused_;      // static_graph: params this rank did not use in step 1
   StepStats stats_;
   std::vector<BucketTiming> timings_;
   std::vector<std::pair<size_t, double>> grad_ready_ms_;  // this step's hook times

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <sstream>
+#include <unordered_set>
 
 #include "autograd/autograd.h"
 #include "tensor/checks.h"
@@ -79,10 +80,25 @@ void Module::collect(const std::string& prefix, bool recurse, bool want_params,
   for (const auto& [name, child] : children_) child->collect(prefix + name + ".", true, want_params, out);
 }
 
-std::vector<std::pair<std::string, Tensor>> Module::named_parameters(bool recurse) const {
+std::vector<std::pair<std::string, Tensor>> Module::listing(bool recurse, bool want_params,
+                                                            bool remove_duplicate) const {
+  std::vector<std::pair<std::string, Tensor>> all;
+  collect("", recurse, want_params, all);
+  if (!remove_duplicate) return all;
+  // A tensor reached twice (the same Linear registered twice, tied weights) keeps
+  // its first name only, as PyTorch's named_parameters(remove_duplicate=True):
+  // an optimizer must step it once and DDP must reduce it once. Identity is the
+  // TensorImpl, the same test Tensor::is_same makes.
   std::vector<std::pair<std::string, Tensor>> out;
-  collect("", recurse, true, out);
+  std::unordered_set<const TensorImpl*> seen;
+  for (auto& entry : all)
+    if (seen.insert(entry.second.unsafe_impl()).second) out.push_back(std::move(entry));
   return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_parameters(bool recurse,
+                                                                    bool remove_duplicate) const {
+  return listing(recurse, /*want_params=*/true, remove_duplicate);
 }
 
 std::vector<Tensor> Module::parameters(bool recurse) const {
@@ -91,10 +107,8 @@ std::vector<Tensor> Module::parameters(bool recurse) const {
   return out;
 }
 
-std::vector<std::pair<std::string, Tensor>> Module::named_buffers(bool recurse) const {
-  std::vector<std::pair<std::string, Tensor>> out;
-  collect("", recurse, false, out);
-  return out;
+std::vector<std::pair<std::string, Tensor>> Module::named_buffers(bool recurse, bool remove_duplicate) const {
+  return listing(recurse, /*want_params=*/false, remove_duplicate);
 }
 
 std::vector<Tensor> Module::buffers(bool recurse) const {
@@ -134,7 +148,7 @@ Tensor& Module::param(const std::string& name) {
   }
   std::ostringstream os;
   os << type_name_ << " has no parameter '" << name << "'; parameters:";
-  for (auto& [n, t] : named_parameters()) os << " " << n;
+  for (auto& [n, t] : named_parameters(true, /*remove_duplicate=*/false)) os << " " << n;
   throw Error(os.str());
 }
 
@@ -150,7 +164,7 @@ Tensor& Module::buffer(const std::string& name) {
   }
   std::ostringstream os;
   os << type_name_ << " has no buffer '" << name << "'; buffers:";
-  for (auto& [n, t] : named_buffers()) os << " " << n;
+  for (auto& [n, t] : named_buffers(true, /*remove_duplicate=*/false)) os << " " << n;
   throw Error(os.str());
 }
 

@@ -83,10 +83,16 @@ class Module {
   const std::string& type_name() const { return type_name_; }
 
   // ---- listing (own entries first, then children depth-first, registration order) ----
+  // A tensor reached under several names (a submodule registered twice, tied
+  // weights) is listed once, under the first name met, unless remove_duplicate is
+  // false: like PyTorch, so an optimizer steps a tied weight once and DDP reduces
+  // it once. state_dict() still lists every name (see below).
   std::vector<Tensor> parameters(bool recurse = true) const;
-  std::vector<std::pair<std::string, Tensor>> named_parameters(bool recurse = true) const;
+  std::vector<std::pair<std::string, Tensor>> named_parameters(bool recurse = true,
+                                                               bool remove_duplicate = true) const;
   std::vector<Tensor> buffers(bool recurse = true) const;
-  std::vector<std::pair<std::string, Tensor>> named_buffers(bool recurse = true) const;
+  std::vector<std::pair<std::string, Tensor>> named_buffers(bool recurse = true,
+                                                            bool remove_duplicate = true) const;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const;
   // Every descendant with its dotted name (not including this module itself).
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_modules() const;
@@ -97,7 +103,8 @@ class Module {
   Tensor& buffer(const std::string& name);
 
   // ---- state ----
-  // Parameters and buffers by dotted name, in listing order. The tensors share
+  // Parameters and buffers by dotted name, in listing order, every name even when
+  // two name the same tensor (tied weights: both keys, one value, as PyTorch). The tensors share
   // storage with the module (no copy) and carry no autograd history.
   StateDict state_dict() const;
   // Copies values into the existing tensors (identity kept). Everything is
@@ -164,6 +171,8 @@ class Module {
   void check_new_name(const std::string& name, const char* what) const;
   void collect(const std::string& prefix, bool recurse, bool want_params,
                std::vector<std::pair<std::string, Tensor>>& out) const;
+  std::vector<std::pair<std::string, Tensor>> listing(bool recurse, bool want_params,
+                                                      bool remove_duplicate) const;
   void str_into(std::string& out, int indent) const;
 
   std::string type_name_;  // "Linear", "Sequential", ...; used in errors and str()

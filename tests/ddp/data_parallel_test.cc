@@ -46,6 +46,40 @@ TEST(DataParallelTest, OutputsAndGradientsEqualTheSingleModule) {
   }
 }
 
+// A submodule used twice: parameters() lists its weight once, but every replica
+// (a clone, in which the two uses are separate tensors) must get the weight under
+// both names, or its second use computes with the stale copy made at construction.
+TEST(DataParallelTest, ReusedSubmoduleGetsItsGradientFromEveryReplica) {
+  auto make_tied = [] {
+    Generator gen(13);
+    auto shared = nn::make<nn::Linear>(6, 6, true, gen);
+    auto seq = nn::make<nn::Sequential>();
+    seq->push_back(shared);
+    seq->push_back(nn::make<nn::Tanh>());
+    seq->push_back(shared);
+    seq->push_back(nn::make<nn::Linear>(6, 3, true, gen));
+    return seq;
+  };
+  auto single = make_tied(), wrapped = make_tied();
+  auto dp = std::make_shared<DataParallel>(wrapped, std::vector<Device>(3, Device::cpu()));
+  nn::SGD a(single->parameters(), {.lr = 0.1}), b(dp->parameters(), {.lr = 0.1});
+  for (int step = 0; step < 3; ++step) {
+    Generator gen(200 + step);
+    Tensor x = randn({9, 6}, gen);
+    Tensor y = mul(rand({9}, gen), 3.0).to(DType::kInt64);
+    a.zero_grad();
+    b.zero_grad();
+    autograd::backward(ag::cross_entropy(single->forward(x), y));
+    autograd::backward(ag::cross_entropy(dp->forward(x), y));
+    a.step();
+    b.step();
+    auto ps = single->named_parameters(), pd = wrapped->named_parameters();
+    ASSERT_EQ(ps.size(), pd.size());
+    for (size_t i = 0; i < ps.size(); ++i)
+      EXPECT_LT(max_abs_diff(ps[i].second, pd[i].second), 1e-5) << ps[i].first << " step " << step;
+  }
+}
+
 TEST(DataParallelTest, TrainsLikeTheSingleModuleAndNamesParametersLikePyTorch) {
   auto single = make_mlp(11);
   auto wrapped = make_mlp(11);

@@ -39,7 +39,9 @@ Device g_device = Device::cpu();  // RINGTRAIN_TEST_DEVICE=cuda: Device::cuda(0)
 constexpr int64_t kPerRankBatch = 4;
 constexpr int64_t kIn = 12, kHidden = 24, kClasses = 5;
 
-// A model with one branch that forward never uses (for find_unused_parameters).
+// A model with one branch that forward does not use (for find_unused_parameters),
+// unless `use_unused` is set: then forward adds it in (a graph that changes from
+// micro-batch to micro-batch, or from rank to rank).
 class TwoBranch : public nn::Cloneable<TwoBranch> {
  public:
   explicit TwoBranch(Generator& gen) : Cloneable("TwoBranch") {
@@ -47,7 +49,13 @@ class TwoBranch : public nn::Cloneable<TwoBranch> {
     unused_ = register_module("unused", nn::make<nn::Linear>(kIn, kHidden, true, gen));
     head_ = register_module("head", nn::make<nn::Linear>(kHidden, kClasses, true, gen));
   }
-  Tensor forward(const Tensor& x) override { return child(head_).forward(ag::relu(child(used_).forward(x))); }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = child(used_).forward(x);
+    if (use_unused) h = ag::add(h, child(unused_).forward(x));
+    return child(head_).forward(ag::relu(h));
+  }
+
+  bool use_unused = false;
 
  private:
   nn::ChildSlot<nn::Linear> used_, unused_, head_;
@@ -234,6 +242,141 @@ TEST(DdpMultiRank, StaticGraphLearnsTheUnusedSetInStepOne) {
   auto model = std::make_shared<TwoBranch>(g1);
   auto reference = std::make_shared<TwoBranch>(g2);
   train_and_compare(model, reference, DdpOptions{.static_graph = true}, Opt::kSgd);
+}
+
+// A parameter used only in the no_sync micro-batches of a step: the synced backward
+// does not reach it, but .grad holds what the micro-batches accumulated, and that
+// sum must be averaged like every other gradient (not zeroed, not dropped).
+TEST(DdpMultiRank, NoSyncGradientOfAParameterTheSyncedBackwardDoesNotUseIsReduced) {
+  for (bool as_view : {false, true}) {
+    SCOPED_TRACE(as_view ? "gradient_as_bucket_view" : "copying mode");
+    Generator g1(43 + g_world->rank()), g2(43);
+    auto model = std::make_shared<TwoBranch>(g1);
+    auto reference = std::make_shared<TwoBranch>(g2);
+    model->to(g_device);
+    reference->to(g_device);
+    DistributedDataParallel ddp(model, g_world,
+                                DdpOptions{.bucket_cap_bytes = 2048, .first_bucket_bytes = 512,
+                                           .find_unused_parameters = true, .gradient_as_bucket_view = as_view});
+    nn::SGD opt_ddp(model->parameters(), nn::SGDOptions{.lr = 0.1, .momentum = 0.9});
+    nn::SGD opt_ref(reference->parameters(), nn::SGDOptions{.lr = 0.1, .momentum = 0.9});
+    for (int step = 0; step < 3; ++step) {
+      opt_ddp.zero_grad();
+      opt_ref.zero_grad();
+      for (int micro = 0; micro < 2; ++micro) {
+        // micro-batch 0 (no_sync) uses the branch, micro-batch 1 (synced) does not.
+        model->use_unused = reference->use_unused = micro == 0;
+        Batch global = global_batch(step * 10 + micro);
+        global = {global.x.to(g_device), global.y.to(g_device)};
+        Batch local = rank_slice(global);
+        if (micro == 0) {
+          auto guard = ddp.no_sync();
+          autograd::backward(ag::cross_entropy(ddp(local.x), local.y));
+        } else {
+          autograd::backward(ag::cross_entropy(ddp(local.x), local.y));
+        }
+        autograd::backward(ag::cross_entropy(reference->forward(global.x), global.y));
+      }
+      Tensor got = autograd::grad(model->param("unused.weight"));
+      ASSERT_TRUE(got.defined()) << "the no_sync gradient of unused.weight was dropped on rank "
+                                 << g_world->rank();
+      EXPECT_LT(max_abs_diff(got, autograd::grad(reference->param("unused.weight"))), 1e-5)
+          << "step " << step << " rank " << g_world->rank();
+      opt_ddp.step();
+      opt_ref.step();
+      expect_same_parameters(*model, *reference);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+}
+
+// static_graph with a parameter only rank 0 uses: every rank must pre-mark what *it*
+// did not use in step 1. Pre-marking only what no rank used left rank 1's bucket
+// incomplete from step 2 on, while rank 0 waited for it in the allreduce (a hang).
+// The reference: one process computing the same mean of the ranks' losses.
+TEST(DdpMultiRank, StaticGraphWithAParameterOnlyRankZeroUsesTrainsLikeOneProcess) {
+  Generator g1(47 + g_world->rank()), g2(47);
+  auto model = std::make_shared<TwoBranch>(g1);
+  auto reference = std::make_shared<TwoBranch>(g2);
+  model->to(g_device);
+  reference->to(g_device);
+  DistributedDataParallel ddp(model, g_world, DdpOptions{.bucket_cap_bytes = 2048, .first_bucket_bytes = 512,
+                                                         .static_graph = true});
+  model->use_unused = g_world->rank() == 0;
+  nn::SGD opt_ddp(model->parameters(), nn::SGDOptions{.lr = 0.1});
+  nn::SGD opt_ref(reference->parameters(), nn::SGDOptions{.lr = 0.1});
+  const int world = g_world->size();
+  for (int step = 0; step < 4; ++step) {
+    opt_ddp.zero_grad();
+    opt_ref.zero_grad();
+    Batch global = global_batch(step);
+    global = {global.x.to(g_device), global.y.to(g_device)};
+    Batch local = rank_slice(global);
+    autograd::backward(ag::cross_entropy(ddp(local.x), local.y));
+    // DDP averages the ranks' mean losses: the reference sums each rank's slice loss
+    // (computed with that rank's branch choice) over the world size.
+    Tensor loss;
+    for (int r = 0; r < world; ++r) {
+      reference->use_unused = r == 0;
+      Tensor x = global.x.narrow(0, kPerRankBatch * r, kPerRankBatch).contiguous();
+      Tensor y = global.y.narrow(0, kPerRankBatch * r, kPerRankBatch).contiguous();
+      Tensor l = ag::cross_entropy(reference->forward(x), y);
+      loss = loss.defined() ? ag::add(loss, l) : l;
+    }
+    autograd::backward(ag::div(loss, static_cast<double>(world)));
+    opt_ddp.step();
+    opt_ref.step();
+    expect_same_parameters(*model, *reference);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+// The same Linear used twice (weights tied): DDP lists and reduces it once, the
+// engine sums both uses into its one gradient, and training matches one process.
+TEST(DdpMultiRank, ModelThatReusesASubmoduleTrainsLikeOneProcess) {
+  auto make_tied = [](uint64_t seed) {
+    Generator gen(seed);
+    auto shared = nn::make<nn::Linear>(kIn, kIn, true, gen);
+    auto seq = nn::make<nn::Sequential>();
+    seq->push_back(shared);
+    seq->push_back(nn::make<nn::Tanh>());
+    seq->push_back(shared);
+    seq->push_back(nn::make<nn::ReLU>());
+    seq->push_back(nn::make<nn::Linear>(kIn, kClasses, true, gen));
+    return seq;
+  };
+  for (Opt opt : {Opt::kSgd, Opt::kAdam}) {
+    SCOPED_TRACE(opt == Opt::kSgd ? "SGD" : "Adam");
+    auto model = make_tied(53 + g_world->rank());
+    auto reference = make_tied(53);
+    model->to(g_device);
+    reference->to(g_device);
+    DistributedDataParallel ddp(model, g_world, DdpOptions{.bucket_cap_bytes = 1, .first_bucket_bytes = 1});
+    EXPECT_EQ(ddp.reducer().buckets().size(), 4u);  // 0.weight, 0.bias, 4.weight, 4.bias
+    run_and_compare(ddp, *reference, opt);
+  }
+}
+
+// Frozen on one rank only: the ranks would bucket different parameter sets, and
+// the first collective would fail on a size that names no parameter. Construction
+// must name the parameter and the ranks instead.
+TEST(DdpMultiRank, ParameterFrozenOnOneRankOnlyIsNamedAtConstruction) {
+  if (g_world->size() < 2) GTEST_SKIP() << "needs a second rank to disagree with";
+  for (bool symmetric : {true, false}) {
+    SCOPED_TRACE(symmetric ? "symmetric buckets" : "ordinary bucket memory");
+    Generator gen(59);
+    auto model = std::make_shared<TwoBranch>(gen);
+    if (g_world->rank() == 1) autograd::set_requires_grad(model->param("used.weight"), false);
+    try {
+      DistributedDataParallel ddp(model, g_world, DdpOptions{.symmetric_buckets = symmetric});
+      FAIL() << "expected a model mismatch error on rank " << g_world->rank();
+    } catch (const Error& e) {
+      std::string msg = e.what();
+      EXPECT_NE(msg.find("used.weight"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("requires_grad"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("rank 1"), std::string::npos) << msg;
+    }
+  }
 }
 
 TEST(DdpMultiRank, UnusedParameterWithoutTheFlagFailsAtTheNextIterationNamingIt) {

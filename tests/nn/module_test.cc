@@ -12,6 +12,7 @@
 #include "autograd/functions.h"
 #include "nn/layers.h"
 #include "nn/module.h"
+#include "nn/optim.h"
 #include "tensor/ops.h"
 
 namespace ringtrain::nn {
@@ -231,6 +232,54 @@ TEST(Module, ZeroGrad) {
   EXPECT_EQ(sum(abs(autograd::grad(fc.weight()))).item(), 0.0);
   fc.zero_grad();
   EXPECT_FALSE(autograd::grad(fc.weight()).defined());
+}
+
+// A submodule registered twice (tied weights): listed once under its first name,
+// like PyTorch's named_parameters(remove_duplicate=True), so an optimizer steps it
+// once and DDP reduces it once; state_dict() keeps every name.
+TEST(Module, ReusedSubmoduleIsListedOnceUnderItsFirstName) {
+  Generator gen(8);
+  auto shared = make<Linear>(3, 3, true, gen);
+  Sequential seq({shared, make<Tanh>(), shared, make<BatchNorm1d>(3)});
+  EXPECT_EQ(names(seq.named_parameters()),
+            (std::vector<std::string>{"0.weight", "0.bias", "3.weight", "3.bias"}));
+  EXPECT_EQ(seq.parameters().size(), 4u);
+  EXPECT_EQ(seq.num_parameters(), 9u + 3 + 3 + 3);
+  EXPECT_EQ(names(seq.named_parameters(true, /*remove_duplicate=*/false)),
+            (std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias", "3.weight", "3.bias"}));
+  EXPECT_TRUE(seq.param("2.weight").is_same(seq.param("0.weight")));
+  EXPECT_EQ(names(seq.state_dict()),
+            (std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias", "3.weight", "3.bias",
+                                      "3.running_mean", "3.running_var", "3.num_batches_tracked"}));
+  // Loading writes both names into the one tensor; the tie survives.
+  Generator other(9);
+  auto shared2 = make<Linear>(3, 3, true, other);
+  Sequential seq2({shared2, make<Tanh>(), shared2, make<BatchNorm1d>(3)});
+  seq2.load_state_dict(seq.state_dict());
+  EXPECT_TRUE(seq2.param("2.weight").is_same(seq2.param("0.weight")));
+  EXPECT_EQ(max_abs_diff(seq2.param("0.weight"), seq.param("0.weight")), 0.0);
+  // A buffer reached twice is listed once as well.
+  auto bn = make<BatchNorm1d>(3);
+  Sequential twice({bn, bn});
+  EXPECT_EQ(names(twice.named_buffers()),
+            (std::vector<std::string>{"0.running_mean", "0.running_var", "0.num_batches_tracked"}));
+  EXPECT_EQ(twice.named_buffers(true, /*remove_duplicate=*/false).size(), 6u);
+}
+
+// The optimizer gets the tied weight once (it rejects a list naming a tensor twice)
+// and steps it once: w -= lr * (sum of both uses' gradients).
+TEST(Module, OptimizerStepsATiedWeightOnce) {
+  Generator gen(10);
+  auto shared = make<Linear>(2, 2, false, gen);
+  Sequential seq({shared, make<Tanh>(), shared});
+  Tensor w = seq.param("0.weight");
+  Tensor before = w.clone();
+  SGD sgd(seq.parameters(), SGDOptions{.lr = 0.5});
+  autograd::backward(ag::sum(seq.forward(randn({3, 2}, gen))));
+  Tensor g = autograd::grad(w).clone();
+  sgd.step();
+  Tensor expected = sub(before, mul(g, 0.5));
+  EXPECT_LT(max_abs_diff(w, expected), 1e-6);
 }
 
 }  // namespace
