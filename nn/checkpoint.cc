@@ -363,41 +363,58 @@ std::string CheckpointManager::save(const CheckpointTargets& targets, TrainingPr
                                     const json& extra) {
   RT_CHECK(progress.step >= 0, "CheckpointManager::save: step must be non-negative, got ", progress.step);
   fs::create_directories(directory_);
+  // Never write over a committed checkpoint: overwriting is two renames (tensors,
+  // then record), and a crash between them would leave a record whose CRC no longer
+  // matches, i.e. no valid checkpoint at that step at all. A second save at a step
+  // that already has one (a run stopped on the last batch of an epoch saves again
+  // at the epoch end after resuming) takes the next free "-<n>" suffix instead.
   char number[32];
   std::snprintf(number, sizeof(number), "%010lld", static_cast<long long>(progress.step));
-  std::string stem = (fs::path(directory_) / (prefix_ + "-" + number)).string();
+  std::string name = prefix_ + "-" + number;
+  int64_t last_seq = -1;
+  for (const std::string& existing : list()) {
+    std::optional<CheckpointKey> key = parse_key(fs::path(existing).filename().string() + ".json", ".json");
+    if (key && key->step == progress.step) last_seq = std::max(last_seq, key->seq);
+  }
+  if (last_seq >= 0) name += "-" + std::to_string(last_seq + 1);
+  std::string stem = (fs::path(directory_) / name).string();
   save_checkpoint(stem, targets, progress, extra);
-  prune();
+  prune(stem);
   return stem;
 }
 
-namespace {
-// Step number of "<prefix>-<digits><ext>", or -1.
-int64_t parse_step(const std::string& filename, const std::string& prefix, const std::string& ext) {
-  const std::string head = prefix + "-";
+std::optional<CheckpointManager::CheckpointKey> CheckpointManager::parse_key(const std::string& filename,
+                                                                             const std::string& ext) const {
+  // "<prefix>-<step>" or "<prefix>-<step>-<seq>" followed by ext.
+  const std::string head = prefix_ + "-";
   if (filename.size() <= head.size() + ext.size() || filename.rfind(head, 0) != 0 ||
       filename.compare(filename.size() - ext.size(), ext.size(), ext) != 0) {
-    return -1;
+    return std::nullopt;
   }
   const char* b = filename.data() + head.size();
   const char* e = filename.data() + filename.size() - ext.size();
-  int64_t step = -1;
-  auto [ptr, ec] = std::from_chars(b, e, step);
-  return ec == std::errc() && ptr == e ? step : -1;
+  CheckpointKey key;
+  auto [ptr, ec] = std::from_chars(b, e, key.step);
+  if (ec != std::errc() || key.step < 0) return std::nullopt;
+  if (ptr == e) return key;
+  if (*ptr != '-' || ptr + 1 == e) return std::nullopt;
+  auto [ptr2, ec2] = std::from_chars(ptr + 1, e, key.seq);
+  if (ec2 != std::errc() || ptr2 != e || key.seq < 1) return std::nullopt;
+  return key;
 }
-}  // namespace
 
 std::vector<std::string> CheckpointManager::list() const {
-  std::vector<std::pair<int64_t, std::string>> found;
+  std::vector<std::pair<CheckpointKey, std::string>> found;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(directory_, ec)) {
     std::string name = entry.path().filename().string();
-    int64_t step = parse_step(name, prefix_, ".json");
-    if (step >= 0) found.emplace_back(step, (fs::path(directory_) / name.substr(0, name.size() - 5)).string());
+    if (std::optional<CheckpointKey> key = parse_key(name, ".json")) {
+      found.emplace_back(*key, (fs::path(directory_) / name.substr(0, name.size() - 5)).string());
+    }
   }
   std::sort(found.begin(), found.end());
   std::vector<std::string> out;
-  for (auto& [step, stem] : found) out.push_back(std::move(stem));
+  for (auto& [key, stem] : found) out.push_back(std::move(stem));
   return out;
 }
 
@@ -421,21 +438,26 @@ std::optional<CheckpointInfo> CheckpointManager::restore_latest(const Checkpoint
   return load_checkpoint(*stem, targets);
 }
 
-void CheckpointManager::prune() const {
+void CheckpointManager::prune(const std::string& just_written) const {
   std::vector<std::string> stems = list();
   if (static_cast<int>(stems.size()) <= keep_last_) return;
   const size_t n_drop = stems.size() - static_cast<size_t>(keep_last_);
   std::error_code ec;
   for (size_t i = 0; i < n_drop; ++i) {
+    // The checkpoint just written is valid (save read it back for its CRC): never
+    // drop it, even when older-numbered than the others (a run resumed from an
+    // earlier checkpoint by name), or the directory could be left without a valid one.
+    if (stems[i] == just_written) continue;
     fs::remove(json_path(stems[i]), ec);  // un-commit first, then the data
     fs::remove(tensors_path(stems[i]), ec);
   }
   // Tensor files whose record never landed (a crash mid-save), older than the oldest kept.
-  int64_t oldest_kept = parse_step(fs::path(stems[n_drop]).filename().string() + ".json", prefix_, ".json");
+  const CheckpointKey oldest_kept = *parse_key(fs::path(stems[n_drop]).filename().string() + ".json", ".json");
   for (const auto& entry : fs::directory_iterator(directory_, ec)) {
     std::string name = entry.path().filename().string();
-    int64_t step = parse_step(name, prefix_, ".safetensors");
-    if (step >= 0 && step < oldest_kept && !fs::exists(entry.path().parent_path() / (name.substr(0, name.size() - 12) + ".json"))) {
+    std::optional<CheckpointKey> key = parse_key(name, ".safetensors");
+    if (key && *key < oldest_kept &&
+        !fs::exists(entry.path().parent_path() / (name.substr(0, name.size() - 12) + ".json"))) {
       fs::remove(entry.path(), ec);
     }
     // Temporary files of atomic writes whose writer died (".<file>.tmp.<pid>", see

@@ -28,6 +28,7 @@
 // mis-shaped key, and nothing is changed.
 #pragma once
 
+#include <compare>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -88,18 +89,22 @@ CheckpointInfo read_checkpoint_info(const std::string& stem);
 // CheckpointError (changing nothing) on any mismatch.
 CheckpointInfo load_checkpoint(const std::string& stem, const CheckpointTargets& targets);
 
-// Numbered checkpoints in one directory: <dir>/<prefix>-<step, 10 digits>.{safetensors,json}.
+// Numbered checkpoints in one directory: <dir>/<prefix>-<step, 10 digits>.{safetensors,json},
+// and <prefix>-<step>-<n>.{safetensors,json} (n = 1, 2, ...) for later saves at a step
+// that already has a checkpoint. A committed checkpoint is never written over.
 class CheckpointManager {
  public:
   // keep_last >= 1: after each save, older checkpoints beyond the newest keep_last are deleted.
   explicit CheckpointManager(std::string directory, int keep_last = 3, std::string prefix = "ckpt");
 
-  // Saves as <prefix>-<progress.step>; returns the stem. Creates the directory if needed.
+  // Saves as <prefix>-<progress.step>, or <prefix>-<progress.step>-<n> with the next
+  // free n when that step already has a checkpoint; returns the stem. Creates the
+  // directory if needed. Then prunes to keep_last, never deleting the new one.
   std::string save(const CheckpointTargets& targets, TrainingProgress progress,
                    const nlohmann::json& extra = nullptr);
 
-  // Stems of every checkpoint record (.json) in the directory, oldest step first
-  // (valid or not).
+  // Stems of every checkpoint record (.json) in the directory, oldest first by
+  // (step, n) (valid or not).
   std::vector<std::string> list() const;
   // The newest checkpoint that passes read_checkpoint_info; invalid newer ones are
   // skipped (their problems are appended to `skipped` when given).
@@ -112,7 +117,15 @@ class CheckpointManager {
   int keep_last() const { return keep_last_; }
 
  private:
-  void prune() const;
+  // Orders checkpoints: step, then the n of "-<n>" (0 for none).
+  struct CheckpointKey {
+    int64_t step = 0;
+    int64_t seq = 0;
+    auto operator<=>(const CheckpointKey&) const = default;
+  };
+  // The key of "<prefix>-<step>[-<n>]<ext>", or nullopt for any other name.
+  std::optional<CheckpointKey> parse_key(const std::string& filename, const std::string& ext) const;
+  void prune(const std::string& just_written) const;
   std::string directory_;
   int keep_last_;
   std::string prefix_;

@@ -182,6 +182,10 @@ Dropout::Dropout(double p, uint64_t seed)
 }
 Tensor Dropout::forward(const Tensor& input) { return ag::dropout(input, p_, is_training(), generator()); }
 std::string Dropout::extra_repr() const { return "p=" + std::to_string(p_); }
+std::vector<std::pair<std::string, Generator*>> Dropout::own_generators() {
+  if (!own_generator_) return {};
+  return {{"generator", &generator_}};
+}
 
 // ---------------------------------------------------------------- Embedding
 

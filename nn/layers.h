@@ -137,6 +137,8 @@ class Dropout : public Cloneable<Dropout> {
   Tensor forward(const Tensor& input) override;
   std::string extra_repr() const override;
   Generator& generator() { return own_generator_ ? generator_ : default_generator(); }
+  // The seeded stream, so checkpoints carry it ({"generator", ...}); none without a seed.
+  std::vector<std::pair<std::string, Generator*>> own_generators() override;
 
  private:
   double p_;

@@ -341,4 +341,19 @@ std::string Module::str() const {
   return out;
 }
 
+std::vector<std::pair<std::string, Generator*>> Module::named_generators() {
+  std::vector<std::pair<std::string, Generator*>> out;
+  auto add = [&out](const std::string& prefix, Module& m) {
+    for (auto& [name, gen] : m.own_generators()) {
+      RT_CHECK(gen != nullptr, m.type_name(), "::own_generators returned a null generator '", name, "'");
+      bool seen = false;
+      for (const auto& entry : out) seen = seen || entry.second == gen;
+      if (!seen) out.emplace_back(prefix + name, gen);
+    }
+  };
+  add("", *this);
+  for (auto& [name, child] : named_modules()) add(name + ".", *child);
+  return out;
+}
+
 }  // namespace ringtrain::nn

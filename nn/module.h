@@ -3,7 +3,8 @@
 // defines: Module (ordered named parameters, buffers and child modules;
 //          parameters()/named_parameters()/named_buffers(); state_dict() and
 //          load_state_dict(strict); train()/eval(); to(device, dtype); deep clone();
-//          zero_grad()), Cloneable<Derived> (the CRTP helper that gives clone()),
+//          zero_grad(); own_generators()/named_generators() for the random
+//          streams a layer owns), Cloneable<Derived> (the CRTP helper that gives clone()),
 //          ParamSlot/BufferSlot/ChildSlot (handles a layer keeps to reach its own
 //          tensors), StateDict, LoadStateDictResult.
 //
@@ -42,6 +43,10 @@
 #include "tensor/device.h"
 #include "tensor/dtype.h"
 #include "tensor/tensor.h"
+
+namespace ringtrain {
+class Generator;  // tensor/ops.h
+}  // namespace ringtrain
 
 namespace ringtrain::nn {
 
@@ -138,6 +143,17 @@ class Module {
   std::string str() const;
   // One line of this module's own settings, shown by str() ("in_features=4, ...").
   virtual std::string extra_repr() const { return ""; }
+
+  // ---- random streams a module owns (for checkpoints) ----
+  // Generators this module itself owns (not its children's), by a name unique
+  // within the module, e.g. {"generator", &gen} for a Dropout built with a seed.
+  // Default: none. Layers that draw from default_generator() own nothing here.
+  virtual std::vector<std::pair<std::string, Generator*>> own_generators() { return {}; }
+  // Every owned generator of this module and its descendants under a stable
+  // dotted name ("2.generator" for the Dropout at index 2 of a Sequential), in
+  // listing order; a generator reached twice (a shared submodule) is listed once.
+  // A resumable run saves and restores these (CheckpointTargets::extra_generators).
+  std::vector<std::pair<std::string, Generator*>> named_generators();
 
  protected:
   Module(const Module&) = default;  // used by Cloneable<Derived>::clone_shallow()

@@ -98,7 +98,10 @@ const char* launcher_name(Launcher launcher) {
 
 std::string ClusterEnvironment::describe() const {
   std::ostringstream os;
-  os << launcher_name(launcher) << " rank " << rank << "/" << world_size << " (local " << local_rank << "/"
+  os << launcher_name(launcher) << " rank " << rank << "/";
+  if (world_size > 0) os << world_size;
+  else os << "?";  // PMIx-only launch: MPI tells the size at init
+  os << " (local " << local_rank << "/"
      << local_world_size << ", node " << node_rank << "/" << num_nodes << ")";
   if (in_slurm_job) {
     os << " job " << job_id << " requeue-id " << requeue_id << " restarts " << restart_count;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -212,6 +213,26 @@ std::string shell_quote(const std::string& text) {
   return out + "'";
 }
 
+namespace {
+// A control character (a newline above all) in anything substituted into the script
+// would start a new shell line, e.g. one placed before the #SBATCH directives by the
+// comment line that lists the run's values. Quoting cannot make that safe everywhere
+// (comments, #SBATCH lines), so such text is refused.
+void check_no_control_characters(const std::string& text, const std::string& what) {
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x20 || c == 0x7f) {
+      char code[8];
+      std::snprintf(code, sizeof(code), "0x%02x", c);
+      throw SlurmError("grid: " + what + " contains a control character (" +
+                       (c == '\n' ? std::string("a newline") : std::string(code)) + " at offset " +
+                       std::to_string(i) + "); it would break the generated sbatch script into extra "
+                       "shell lines. Remove it (values, commands and sbatch options must be one line)");
+    }
+  }
+}
+}  // namespace
+
 std::vector<GridRun> plan_grid(const GridSpec& spec) {
   if (spec.nodes < 1) throw SlurmError("grid: nodes must be >= 1, got " + std::to_string(spec.nodes));
   if (spec.ntasks_per_node < 1) {
@@ -221,6 +242,11 @@ std::vector<GridRun> plan_grid(const GridSpec& spec) {
     throw SlurmError("grid: job_name '" + spec.job_name + "' must be non-empty without spaces or quotes");
   }
   if (spec.output_root.empty()) throw SlurmError("grid: output_root is empty");
+  check_no_control_characters(spec.output_root, "output_root");
+  check_no_control_characters(spec.submit_dir, "submit_dir");
+  check_no_control_characters(spec.command, "command");
+  check_no_control_characters(spec.time, "time");
+  for (const std::string& line : spec.sbatch_extra) check_no_control_characters(line, "sbatch option '" + line + "'");
   std::set<std::string> names;
   size_t total = 1;
   for (const GridParam& param : spec.params) {
@@ -230,6 +256,9 @@ std::vector<GridRun> plan_grid(const GridSpec& spec) {
     }
     if (!names.insert(param.name).second) throw SlurmError("grid: parameter '" + param.name + "' is given twice");
     if (param.values.empty()) throw SlurmError("grid: parameter '" + param.name + "' has no values");
+    for (const std::string& value : param.values) {
+      check_no_control_characters(value, "a value of parameter '" + param.name + "'");
+    }
     total *= param.values.size();
     if (total > 10000) throw SlurmError("grid: more than 10000 combinations; this is surely a mistake");
   }
@@ -271,7 +300,7 @@ std::vector<GridRun> plan_grid(const GridSpec& spec) {
       args.append("--").append(name).append(" ").append(shell_quote(value));
       if (!values_text.empty()) values_text.push_back(' ');
       values_text.append(name).append("=").append(value);
-      vars[name] = value;
+      vars[name] = shell_quote(value);  // {{name}} in a command is one shell word
     }
     run.dir = (root / run.name).string();
     run.script_path = (root / run.name / "job.sbatch").string();

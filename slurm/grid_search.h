@@ -21,11 +21,13 @@
 //     "template": "path/to/my.sbatch.in",         // optional; default kDefaultGridTemplate
 //     "params": { "lr": [0.1, 0.01], "hidden": [64, 128] }
 //   }
-// Template placeholders: {{name}} for each parameter, and {{job_name}},
+// Template placeholders: {{name}} for each parameter (its value shell-quoted), and {{job_name}},
 // {{run_name}}, {{run_index}}, {{run_count}}, {{run_dir}}, {{run_values}},
 // {{nodes}}, {{ntasks_per_node}}, {{time}}, {{sbatch_extra}}, {{command}},
 // {{args}} (every parameter as "--name value", shell-quoted), {{submit_dir}}.
-// An unknown placeholder is an error (a typo would otherwise reach sbatch).
+// An unknown placeholder is an error (a typo would otherwise reach sbatch). A control
+// character (newline, tab, ...) in a value, the command, time, output root or an sbatch
+// option is an error too: it would split the script into extra shell lines.
 #pragma once
 
 #include <map>
@@ -80,7 +82,8 @@ std::vector<std::vector<std::pair<std::string, std::string>>> cartesian_product(
 std::string render_template(const std::string& text, const std::map<std::string, std::string>& vars);
 // Quotes `text` for bash when it holds anything but [A-Za-z0-9_./:=+-@%,].
 std::string shell_quote(const std::string& text);
-// All runs of the grid, rendered. Validates the spec (names, duplicates, sizes).
+// All runs of the grid, rendered. Validates the spec (names, duplicates, sizes,
+// no control characters).
 std::vector<GridRun> plan_grid(const GridSpec& spec);
 // What --dry-run prints: each script under a "==> path <==" header.
 std::string format_dry_run(const std::vector<GridRun>& runs);

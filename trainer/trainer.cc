@@ -3,10 +3,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
+#include <limits>
+#include <set>
 
 #include "autograd/autocast.h"
 #include "autograd/autograd.h"
@@ -16,6 +20,7 @@
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/distributed_sampler.h"
 #include "ddp/loss_scaler.h"
+#include "ddp/reducer.h"
 #include "nn/checkpoint.h"
 #include "nn/data/dataloader.h"
 #include "nn/data/sampler.h"
@@ -55,6 +60,84 @@ class Context : public StepContext {
   int world_size() const override { return world_; }
 };
 
+// The bytes of `text` as int32 words (zero-padded), for collectives on strings.
+std::vector<int32_t> pack_words(const std::string& text, size_t words) {
+  std::vector<int32_t> out(words, 0);
+  std::memcpy(out.data(), text.data(), text.size());
+  return out;
+}
+
+// Every rank's `text`, indexed by rank (two allgathers: the lengths, then the bytes).
+std::vector<std::string> allgather_strings(comm::ProcessGroup& group, const std::string& text) {
+  const int world = group.size();
+  int64_t length = static_cast<int64_t>(text.size());
+  std::vector<int64_t> lengths(world);
+  group.allgather({&length, 1, DType::kInt64, Device::cpu()}, {lengths.data(), lengths.size(), DType::kInt64, Device::cpu()})
+      .wait();
+  const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+  const size_t words = static_cast<size_t>((longest + 3) / 4);
+  std::vector<std::string> out(world);
+  if (words == 0) return out;
+  std::vector<int32_t> mine = pack_words(text, words), all(words * world);
+  group.allgather({mine.data(), words, DType::kInt32, Device::cpu()}, {all.data(), all.size(), DType::kInt32, Device::cpu()})
+      .wait();
+  for (int r = 0; r < world; ++r)
+    out[r].assign(reinterpret_cast<const char*>(all.data() + words * r), static_cast<size_t>(lengths[r]));
+  return out;
+}
+
+// Rank `root`'s `text` on every rank.
+std::string broadcast_string(comm::ProcessGroup& group, const std::string& text, int root) {
+  int64_t length = static_cast<int64_t>(text.size());
+  group.broadcast({&length, 1, DType::kInt64, Device::cpu()}, root).wait();
+  const size_t words = static_cast<size_t>((length + 3) / 4);
+  if (words == 0) return "";
+  std::vector<int32_t> data = pack_words(group.rank() == root ? text : std::string(), words);
+  group.broadcast({data.data(), words, DType::kInt32, Device::cpu()}, root).wait();
+  return std::string(reinterpret_cast<const char*>(data.data()), static_cast<size_t>(length));
+}
+
+// Validation sums over ranks. Ranks may have returned different key sets: one with
+// no validation batches (the exact sampler gives ranks different counts) returned
+// none at all. Every rank reduces the union of the keys in sorted order, a key it
+// lacks counting 0, so every rank issues the same collectives whatever its data.
+std::map<std::string, double> allreduce_totals(comm::ProcessGroup& group, const std::map<std::string, double>& totals) {
+  std::string names;
+  for (const auto& [k, v] : totals) {
+    names += k;
+    names.push_back('\0');  // the separator: a key may hold any other character
+  }
+  std::set<std::string> keys;
+  for (const std::string& rank_names : allgather_strings(group, names)) {
+    size_t start = 0;
+    for (size_t end; (end = rank_names.find('\0', start)) != std::string::npos; start = end + 1)
+      keys.insert(rank_names.substr(start, end - start));
+  }
+  std::vector<double> values;
+  for (const std::string& k : keys) {
+    auto it = totals.find(k);
+    values.push_back(it != totals.end() ? it->second : 0.0);
+  }
+  std::map<std::string, double> out;
+  if (values.empty()) return out;
+  group.allreduce({values.data(), values.size(), DType::kFloat64, Device::cpu()}, comm::ReduceOp::kSum).wait();
+  size_t i = 0;
+  for (const std::string& k : keys) out[k] = values[i++];
+  return out;
+}
+
+// Rank 0's buffers (BatchNorm running statistics) on every rank. DDP broadcasts them
+// before each training forward, but each rank's last forward then updated its own
+// copy; evaluating with rank 0's makes every rank evaluate the model that is
+// checkpointed (rank 0 writes it). One broadcast per buffer, the same on every rank.
+void broadcast_buffers_from_rank0(comm::ProcessGroup& group, nn::Module& model) {
+  autograd::NoGradGuard no_grad;
+  std::vector<comm::Work> works;
+  for (Tensor& b : model.buffers())
+    if (b.numel() > 0) works.push_back(group.broadcast(ddp::buffer_of(b), 0));
+  for (comm::Work& w : works) w.wait();
+}
+
 // "[=====>    ]" for the progress line.
 std::string bar(int64_t done, int64_t total, int width = 24) {
   int filled = total > 0 ? static_cast<int>(width * done / total) : width;
@@ -65,8 +148,16 @@ std::string bar(int64_t done, int64_t total, int width = 24) {
 }  // namespace
 
 Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
+  // Lightning's rule: max_epochs=-1 runs until max_steps; 0 would train nothing.
+  RT_CHECK(options_.max_steps == -1 || options_.max_steps >= 1, "Trainer: max_steps must be -1 (no limit) or >= 1, got ",
+           options_.max_steps);
+  RT_CHECK(options_.max_epochs != 0,
+           "Trainer: max_epochs=0 would train nothing; set max_epochs >= 1, or max_epochs=-1 (no epoch limit) "
+           "with max_steps=N to stop after N optimizer steps");
+  RT_CHECK(options_.max_epochs >= -1, "Trainer: max_epochs must be >= 1, or -1 for no epoch limit, got ",
+           options_.max_epochs);
   RT_CHECK(options_.max_epochs >= 1 || options_.max_steps >= 1,
-           "Trainer: set max_epochs >= 1 or max_steps >= 1");
+           "Trainer: max_epochs=-1 and max_steps=-1 would train forever; set max_steps >= 1 (or max_epochs >= 1)");
   RT_CHECK(options_.batch_size >= 1, "Trainer: batch_size must be >= 1, got ", options_.batch_size);
   RT_CHECK(options_.accumulate_grad_batches >= 1, "Trainer: accumulate_grad_batches must be >= 1, got ",
            options_.accumulate_grad_batches);
@@ -81,6 +172,11 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
   const TrainerOptions& o = options_;
   FitResult result;
 
+  // ---- 0. watch for the walltime signal from the very start. SLURM may send it
+  // soon after a (re)start (docs/slurm.md), while we still wait for the other ranks
+  // in rendezvous or load a checkpoint; without a handler it would kill us.
+  slurm::SignalWatcher watcher(slurm::SignalWatcher::parse_signal(o.requeue_signal));
+
   // ---- 1. who are we, and join the others
   slurm::ClusterEnvironment env = slurm::detect_cluster_environment();
   RT_CHECK(env.num_nodes == o.num_nodes || (env.launcher == slurm::Launcher::kLocal && o.num_nodes == 1),
@@ -88,13 +184,19 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
            ") started this job on ", env.num_nodes, " node(s); pass num_nodes=", env.num_nodes,
            " or launch on ", o.num_nodes, " nodes (e.g. srun -N", o.num_nodes, ")");
   slurm::DeviceSelection selection = slurm::parse_devices(o.devices);
-  Strategy strategy = resolve_strategy(o.strategy, env.world_size, std::max<size_t>(1, selection.cuda_devices.size()));
-  RT_CHECK(env.world_size == 1 || strategy == Strategy::kDdp || strategy == Strategy::kDdp2,
-           "Trainer: ", env.world_size, " processes were launched but strategy '", o.strategy,
-           "' runs in one process; use strategy=ddp (or ddp2), or launch a single process");
+  const size_t local_devices = std::max<size_t>(1, selection.cuda_devices.size());
+  auto check_strategy_fits = [&](int processes, Strategy strategy) {
+    RT_CHECK(processes == 1 || strategy == Strategy::kDdp || strategy == Strategy::kDdp2,
+             "Trainer: ", processes, " processes were launched but strategy '", o.strategy,
+             "' runs in one process; use strategy=ddp (or ddp2), or launch a single process");
+  };
+  // A known multi-process launch with a one-process strategy fails before rendezvous.
+  if (env.world_size > 1) check_strategy_fits(env.world_size, resolve_strategy(o.strategy, env.world_size, local_devices));
 
+  // world_size -1: the launcher gave the rank only (PMIx); MPI tells the size at init.
+  // Anything but a known single process therefore joins a group.
   std::shared_ptr<comm::ProcessGroup> group;
-  if (env.world_size > 1) {
+  if (env.world_size != 1) {
     comm::InitOptions init;
     init.backend = o.backend != "auto" ? o.backend : (selection.is_cpu() ? "ring" : "nccl");
     init.init_method = env.init_method;
@@ -104,6 +206,8 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
   const int world = group ? group->size() : 1;
   const bool global_zero = rank == 0;
   result.rank = rank;
+  Strategy strategy = resolve_strategy(o.strategy, world, local_devices);
+  check_strategy_fits(world, strategy);
 
   // ---- 2. device and wrapping
   Device device = Device::cpu();
@@ -139,7 +243,12 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
   ctx.device_ = device;
   ctx.rank_ = rank;
   ctx.world_ = world;
-  ctx.forward_fn = [&](const Tensor& x) { return ddp_model ? ddp_model->forward(x) : wrapped->forward(x); };
+  // Training goes through DDP (gradient reduction). Validation does not: DDP's forward
+  // starts with collectives (the buffer broadcast), and ranks get different numbers
+  // of validation batches (the exact sampler), so they would not match.
+  auto train_forward = [&](const Tensor& x) { return ddp_model ? ddp_model->forward(x) : wrapped->forward(x); };
+  auto eval_forward = [&](const Tensor& x) { return wrapped->forward(x); };
+  ctx.forward_fn = train_forward;
 
   // ---- precision
   const bool autocast = o.precision != "32";
@@ -169,17 +278,48 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
   std::unique_ptr<nn::CheckpointManager> checkpoints;
   nn::CheckpointTargets targets{.model = model.get(), .optimizer = &optimizer,
                                 .scheduler = optimizers.scheduler.get(), .generator = &default_generator()};
+  // Random streams the model's layers own (a Dropout built with a seed): without
+  // them a resumed run would draw other masks than an uninterrupted one.
+  for (auto& [name, gen] : model->named_generators()) targets.extra_generators.emplace_back("model." + name, gen);
   int64_t start_epoch = 0, global_step = 0, skip_batches = 0;
   if (!o.checkpoint_dir.empty()) {
     checkpoints = std::make_unique<nn::CheckpointManager>(o.checkpoint_dir, o.keep_last);
-    std::optional<nn::CheckpointInfo> info;
-    if (o.resume == "auto") {
-      std::vector<std::string> skipped;
-      info = checkpoints->restore_latest(targets, &skipped);
-      if (global_zero)
+    // Rank 0 chooses the checkpoint and every rank loads that one: ranks choosing on
+    // their own could disagree (a directory that is not shared, a save racing the
+    // listing) and would then train from different states without noticing.
+    std::string stem;
+    if (global_zero) {
+      if (o.resume == "auto") {
+        std::vector<std::string> skipped;
+        stem = checkpoints->latest_valid(&skipped).value_or("");
         for (const auto& s : skipped) std::cerr << "trainer: skipped an invalid checkpoint: " << s << "\n";
-    } else if (o.resume != "never") {
-      info = nn::load_checkpoint(o.resume, targets);
+      } else if (o.resume != "never") {
+        stem = o.resume;
+      }
+    }
+    if (group) stem = broadcast_string(*group, stem, 0);
+    std::optional<nn::CheckpointInfo> info;
+    if (!stem.empty()) {
+      if (!group) {
+        info = nn::load_checkpoint(stem, targets);
+      } else {
+        std::string error;
+        try {
+          info = nn::load_checkpoint(stem, targets);
+        } catch (const std::exception& e) {
+          error = e.what();
+        }
+        std::vector<std::string> errors = allgather_strings(*group, error);
+        std::string failed, first_error;
+        for (int r = 0; r < world; ++r) {
+          if (errors[r].empty()) continue;
+          failed += (failed.empty() ? "" : ", ") + std::to_string(r);
+          if (first_error.empty()) first_error = "rank " + std::to_string(r) + ": " + errors[r];
+        }
+        RT_CHECK(failed.empty(), "Trainer: rank(s) ", failed, " could not load checkpoint ", stem,
+                 " (chosen by rank 0); every rank must resume from the same checkpoint, so none did. Is ",
+                 o.checkpoint_dir, " the same directory on every node (a shared file system)? ", first_error);
+      }
     }
     if (info) {
       start_epoch = info->progress.epoch;
@@ -217,11 +357,39 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
   };
 
   // ---- 5/6. train
-  slurm::SignalWatcher watcher(slurm::SignalWatcher::parse_signal(o.requeue_signal));
   slurm::RequeueCoordinator coordinator(watcher, group);
+  // A requeue/termination decision (the same on every rank): save (when there is
+  // something new), meet, requeue on SIGUSR1 inside a SLURM job, and leave.
+  auto stop_for_signal = [&](slurm::RequeueDecision decision, bool save_first, int64_t epoch, int64_t index) {
+    if (save_first) save(epoch, index);
+    if (group) group->barrier().wait();  // the checkpoint is on disk before anyone leaves
+    if (global_zero) {
+      std::printf("\ntrainer: %s received at step %lld; %s\n", slurm::requeue_decision_name(decision),
+                  (long long)global_step,
+                  !checkpoints ? "no checkpoint_dir, nothing saved"
+                  : save_first ? "checkpoint written"
+                               : "nothing trained since the last checkpoint, nothing to save");
+      if (decision == slurm::RequeueDecision::kCheckpointAndRequeue && env.in_slurm_job) {
+        slurm::RequeueResult r = slurm::requeue_job(env.requeue_id);
+        std::printf("trainer: requeued job %s (%s)\n", r.requeue_id.c_str(), r.command.c_str());
+        result.requeued = true;
+      }
+    }
+    result.stopped_early = true;
+  };
+  // A signal during start-up (rendezvous, resume): no step has run since the state
+  // on disk (the checkpoint just loaded, or a fresh start that a restart repeats
+  // exactly), so stop without saving rather than begin an epoch the walltime will cut.
+  if (o.simulate_signal_at_step == 0 && global_step == 0 && global_zero) std::raise(watcher.requeue_signal());
+  if (slurm::RequeueDecision decision = coordinator.poll(); decision != slurm::RequeueDecision::kContinue) {
+    stop_for_signal(decision, /*save_first=*/false, start_epoch, skip_batches);
+    result.global_step = global_step;
+    return result;
+  }
   const int accumulate = o.accumulate_grad_batches;
-  bool done = false;
-  for (int64_t epoch = start_epoch; epoch < o.max_epochs && !done; ++epoch) {
+  const int64_t max_epochs = o.max_epochs > 0 ? o.max_epochs : std::numeric_limits<int64_t>::max();
+  bool done = o.max_steps > 0 && global_step >= o.max_steps;  // a finished run resumed
+  for (int64_t epoch = start_epoch; epoch < max_epochs && !done; ++epoch) {
     model->train();
     train_loader.set_epoch(epoch);
     auto run = train_loader.epoch();
@@ -273,18 +441,7 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
       // Step boundary: did a signal arrive on any rank? (collective; every rank asks)
       slurm::RequeueDecision decision = coordinator.poll();
       if (decision != slurm::RequeueDecision::kContinue) {
-        save(epoch, index);
-        if (group) group->barrier().wait();  // the checkpoint is on disk before anyone leaves
-        if (global_zero) {
-          std::printf("\ntrainer: %s received at step %lld; checkpoint written\n",
-                      slurm::requeue_decision_name(decision), (long long)global_step);
-          if (decision == slurm::RequeueDecision::kCheckpointAndRequeue && env.in_slurm_job) {
-            slurm::RequeueResult r = slurm::requeue_job(env.requeue_id);
-            std::printf("trainer: requeued job %s (%s)\n", r.requeue_id.c_str(), r.command.c_str());
-            result.requeued = true;
-          }
-        }
-        result.stopped_early = true;
+        stop_for_signal(decision, /*save_first=*/true, epoch, index);
         done = true;
         break;
       }
@@ -305,21 +462,15 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
     if (val_loader) {
       model->eval();
       autograd::NoGradGuard no_grad;
+      if (ddp_model) broadcast_buffers_from_rank0(*group, *model);
+      ctx.forward_fn = eval_forward;
       val_loader->set_epoch(epoch);
       for (auto& vb : val_loader->epoch()) {
         autograd::AutocastGuard guard(autocast_dtype, autocast);
         for (auto& [k, v] : module.validation_step(vb, ctx)) totals[k] += v;
       }
-      if (group) {
-        // Every rank must reduce the same keys in the same order (std::map: sorted).
-        std::vector<double> values;
-        for (auto& [k, v] : totals) values.push_back(v);
-        if (!values.empty())
-          group->allreduce({values.data(), values.size(), DType::kFloat64, Device::cpu()}, comm::ReduceOp::kSum)
-              .wait();
-        size_t i = 0;
-        for (auto& [k, v] : totals) v = values[i++];
-      }
+      ctx.forward_fn = train_forward;
+      if (group) totals = allreduce_totals(*group, totals);
       result.last_validation = totals;
     }
     double seconds = std::chrono::duration<double>(Clock::now() - epoch_start).count();

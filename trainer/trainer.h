@@ -5,15 +5,22 @@
 //          (parsed the way Lightning parses them), FitResult, Trainer.
 //
 // What fit() does, in order:
+//   0. install the SignalWatcher (SIGUSR1/SIGTERM only set a flag from here on,
+//      so a walltime signal during rendezvous or resume cannot kill the process);
 //   1. detect how the process was launched (slurm/cluster_environment.h: SLURM,
 //      torchrun-style variables, mpirun, or plain local) and join the process
-//      group when there is more than one process (comm::init_process_group);
+//      group unless it is known to be a single process (a PMIx-only launch gives
+//      no size: MPI tells it at init) (comm::init_process_group);
 //   2. pick the device (LOCAL_RANK -> GPU for ddp; the listed GPUs for dp/ddp2;
 //      CPU with devices=0) and wrap the model: DistributedDataParallel (ddp),
 //      DataParallel (dp), or DDP over DataParallel (ddp2);
 //   3. shard the data with a DistributedSampler (seed + epoch), evaluate with its
 //      exact mode so every validation example counts once;
-//   4. resume (resume="auto": the newest valid checkpoint, if any);
+//   4. resume (resume="auto": the newest valid checkpoint, if any): rank 0 picks
+//      it, every rank loads that one, and if any rank cannot, all fail naming it;
+//      module-owned generators (seeded Dropout) are saved and restored too;
+//      then one poll: a signal that came during start-up stops the run here
+//      (nothing trained, so nothing to save; requeued on SIGUSR1);
 //   5. train: accumulate_grad_batches micro-batches per optimizer step (DDP's
 //      no_sync on all but the last), autocast + LossScaler for "16-mixed",
 //      autocast for "bf16-mixed", gradient clipping after unscaling;
@@ -21,7 +28,11 @@
 //      (all ranks agree): then rank 0 writes a checkpoint, all ranks meet at a
 //      barrier, rank 0 runs `scontrol requeue` (SIGUSR1) or not (SIGTERM), and
 //      fit() returns with FitResult::stopped_early so the program exits 0;
-//   7. after each epoch: validation, metrics CSV row, checkpoint (keep last K).
+//   7. after each epoch: validation through the model without the DDP wrapper
+//      (ranks have different validation batch counts; rank 0's buffers are
+//      broadcast first), sums reduced over the union of the ranks' keys (a rank
+//      without batches contributes 0), metrics CSV row, checkpoint (keep last K;
+//      a second save at the same step gets its own file, nothing is overwritten).
 #pragma once
 
 #include <csignal>
@@ -42,7 +53,8 @@ namespace ringtrain::trainer {
 class StepContext {
  public:
   virtual ~StepContext() = default;
-  // Forward through the wrapped model (DDP/DP), so gradients are reduced.
+  // Forward through the wrapped model (DDP/DP), so gradients are reduced. In
+  // validation_step it runs the model without the DDP wrapper (no collectives).
   virtual Tensor forward(const Tensor& input) = 0;
   virtual Device device() const = 0;
   virtual int rank() const = 0;
@@ -63,7 +75,8 @@ class TrainingModule {
   // The loss of one batch (inputs/targets already on ctx.device()).
   virtual Tensor training_step(const data::Batch& batch, StepContext& ctx) = 0;
   // Sums over one validation batch, e.g. {"loss_sum", "correct", "count"}; the
-  // Trainer adds them over batches and ranks. Runs under no_grad in eval mode.
+  // Trainer adds them over batches and ranks (a key missing on a rank counts 0 there;
+  // a rank may have no validation batch at all). Runs under no_grad in eval mode.
   virtual std::map<std::string, double> validation_step(const data::Batch& batch, StepContext& ctx) {
     return {};
   }
@@ -76,8 +89,8 @@ struct TrainerOptions {
   std::string strategy = "auto";    // auto, none, dp, ddp, ddp2
   std::string backend = "auto";     // auto (nccl on GPUs, ring on CPUs), ring, mpi, nccl
   std::string precision = "32";     // 32, 16-mixed, bf16-mixed
-  int64_t max_epochs = 10;
-  int64_t max_steps = -1;           // optimizer steps; -1: no limit
+  int64_t max_epochs = 10;          // >= 1, or -1: no epoch limit (then max_steps must be set); 0 is an error
+  int64_t max_steps = -1;           // optimizer steps in total (a resumed run counts the earlier ones); -1: no limit
   int64_t batch_size = 32;          // per process
   int accumulate_grad_batches = 1;
   double gradient_clip_val = 0;     // 0: no clipping (global L2 norm otherwise)
@@ -89,7 +102,8 @@ struct TrainerOptions {
   std::string step_log_csv{};       // per-step loss log (rank 0), for exact-replay checks
   bool progress_bar = true;         // rank 0
   std::string requeue_signal = "SIGUSR1";
-  // For tests: behave as if the requeue signal arrived after this many steps (-1: never).
+  // For tests: behave as if the requeue signal arrived after this many steps (-1: never;
+  // 0: during start-up, before the first step).
   int64_t simulate_signal_at_step = -1;
 };
 

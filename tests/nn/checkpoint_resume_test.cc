@@ -319,6 +319,48 @@ TEST_F(CheckpointTest, CrashBetweenTensorsAndRecordLeavesThePreviousCheckpoint) 
   EXPECT_EQ(mgr.list().size(), 2u);
 }
 
+// A second save at a step that already has a checkpoint used to write over it (tensors
+// renamed first, record second): a crash between the two left a record whose CRC no
+// longer matched, and with keep_last=1 no valid checkpoint at all. The crash is
+// simulated by taking the record's temporary path, so its write fails.
+TEST_F(CheckpointTest, ASecondSaveAtTheSameStepNeverWritesOverTheFirst) {
+  TrainingRun run(1, false);
+  CheckpointManager mgr(dir_.string(), 1);
+  std::string first = mgr.save(run.targets(), {0, 13}, {{"batches_into_epoch", 13}});
+  EXPECT_EQ(fs::path(first).filename(), "ckpt-0000000013");
+
+  const std::string pid = std::to_string(::getpid());
+  for (const char* stem : {"ckpt-0000000013", "ckpt-0000000013-1"})
+    fs::create_directories(dir_ / ("." + std::string(stem) + ".json.tmp." + pid));
+  EXPECT_THROW(mgr.save(run.targets(), {1, 13}), Error);
+  for (const char* stem : {"ckpt-0000000013", "ckpt-0000000013-1"})
+    fs::remove_all(dir_ / ("." + std::string(stem) + ".json.tmp." + pid));
+  std::optional<std::string> latest = mgr.latest_valid();
+  ASSERT_TRUE(latest.has_value()) << "the crashed second save destroyed the only checkpoint";
+  EXPECT_EQ(*latest, first);
+  EXPECT_EQ(read_checkpoint_info(first).progress.epoch, 0);
+
+  // Done again without the crash: a new name, newest by (step, n); keep_last=1 drops the first.
+  std::string second = mgr.save(run.targets(), {1, 13});
+  EXPECT_EQ(fs::path(second).filename(), "ckpt-0000000013-1");
+  std::string third = mgr.save(run.targets(), {2, 13});
+  EXPECT_EQ(fs::path(third).filename(), "ckpt-0000000013-2");
+  EXPECT_EQ(mgr.list(), std::vector<std::string>{third});
+  EXPECT_EQ(read_checkpoint_info(*mgr.latest_valid()).progress.epoch, 2);
+  std::string later = mgr.save(run.targets(), {2, 14});
+  EXPECT_EQ(mgr.list(), std::vector<std::string>{later});  // -<n> orders below the next step
+}
+
+// Pruning keeps the newest keep_last by step; a save at an older step (a run resumed
+// from an earlier checkpoint by name) was deleted right after it was written.
+TEST_F(CheckpointTest, PruningNeverDeletesTheCheckpointJustWritten) {
+  TrainingRun run(1, false);
+  CheckpointManager mgr(dir_.string(), 1);
+  mgr.save(run.targets(), {5, 50});
+  std::string older = mgr.save(run.targets(), {2, 20});
+  EXPECT_NO_THROW(read_checkpoint_info(older));
+}
+
 TEST_F(CheckpointTest, ExtraNamedGeneratorsAreRestored) {
   TrainingRun run(1, false);
   Generator a(5), b(6);

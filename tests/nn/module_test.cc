@@ -66,6 +66,25 @@ TEST(Module, NamesInPyTorchOrder) {
       << seq.str();
 }
 
+// Checkpoints need every random stream a layer owns (a seeded Dropout), by a name that
+// is the same in every run of the same model.
+TEST(Module, NamedGeneratorsListsOwnedStreamsOnce) {
+  auto shared = nn::make<nn::Dropout>(0.1, 3);
+  auto inner = nn::make<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{nn::make<nn::Dropout>(0.2, 9), shared});
+  nn::Sequential net(std::vector<std::shared_ptr<nn::Module>>{
+      nn::make<nn::Linear>(4, 4), nn::make<nn::Dropout>(0.5, 7), nn::make<nn::Dropout>(0.5), inner, shared});
+  auto gens = net.named_generators();
+  ASSERT_EQ(gens.size(), 3u);
+  EXPECT_EQ(gens[0].first, "1.generator");
+  EXPECT_EQ(gens[1].first, "3.0.generator");
+  EXPECT_EQ(gens[2].first, "3.1.generator");  // the shared one, once, under its first name
+  EXPECT_EQ(gens[0].second, &static_cast<nn::Dropout&>(*net.named_children()[1].second).generator());
+  EXPECT_EQ(gens[2].second, &shared->generator());
+  // The unseeded Dropout draws from default_generator(), which is not its own.
+  EXPECT_TRUE(net.named_children()[2].second->own_generators().empty());
+  EXPECT_TRUE(nn::Linear(2, 2).named_generators().empty());
+}
+
 TEST(Module, DuplicateAndBadNamesThrow) {
   struct Bad : Cloneable<Bad> {
     Bad() : Cloneable("Bad") {

@@ -144,6 +144,41 @@ TEST(GridSearch, ErrorsNameTheProblem) {
   expect([&] { plan_grid(reserved); }, "reserved");
 }
 
+// A newline in a value used to reach the script raw through {{run_values}} (the comment
+// line before the #SBATCH directives), injecting shell lines; {{name}} was not quoted.
+TEST(GridSearch, ControlCharactersAreRefusedAndValuesAreQuotedInCommands) {
+  auto expect = [](const std::function<void()>& f, const std::vector<std::string>& needles) {
+    try {
+      f();
+      ADD_FAILURE() << "expected SlurmError";
+    } catch (const SlurmError& e) {
+      for (const std::string& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+    }
+  };
+  GridSpec spec;
+  load_grid_config(R"({"params": {"lr": [0.1], "note": ["x\nscancel -u root"]}})", "", &spec);
+  spec.output_root = "/runs/inject";
+  expect([&] { plan_grid(spec); }, {"parameter 'note'", "a newline", "Remove it"});
+  GridSpec tab = golden_spec();
+  tab.params = {{"lr", {"0.1\t"}}};
+  expect([&] { plan_grid(tab); }, {"parameter 'lr'", "0x09"});
+  GridSpec extra = golden_spec();
+  extra.sbatch_extra = {"--partition=debug\nrm -rf /"};
+  expect([&] { plan_grid(extra); }, {"sbatch option", "a newline"});
+  GridSpec command = golden_spec();
+  command.command = "train\nscancel -u root";
+  expect([&] { plan_grid(command); }, {"command", "a newline"});
+
+  GridSpec quoted = golden_spec();
+  quoted.command = "train --tag {{tag}}";
+  quoted.params = {{"tag", {"a b;rm -rf ~"}}};
+  std::vector<GridRun> runs = plan_grid(quoted);
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_NE(runs[0].script.find("srun train --tag 'a b;rm -rf ~' --tag 'a b;rm -rf ~' --checkpoint-dir"),
+            std::string::npos)
+      << runs[0].script;
+}
+
 TEST(GridSearch, ParseSubmittedJobId) {
   EXPECT_EQ(parse_submitted_job_id("Submitted batch job 42\n"), "42");
   EXPECT_EQ(parse_submitted_job_id("sbatch: warning: x\nSubmitted batch job 7 on cluster c\n"), "7");

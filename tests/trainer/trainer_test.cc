@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "autograd/functions.h"
+#include "nn/checkpoint.h"
 #include "nn/layers.h"
 #include "tensor/ops.h"
 
@@ -138,6 +139,134 @@ TEST(TrainerTest, MaxStepsAndResumeContinueExactly) {
   auto ps = straight.model_->parameters(), pt = third.model_->parameters();
   for (size_t i = 0; i < ps.size(); ++i)
     EXPECT_EQ(ps[i].to_vector<float>(), pt[i].to_vector<float>()) << "parameter " << i;
+  fs::remove_all(dir);
+}
+
+// max_epochs=0 with max_steps=5 used to be accepted and train nothing. Lightning's
+// reading: max_epochs=-1 is "no epoch limit" (then max_steps decides), 0 is an error.
+TEST(TrainerTest, MaxEpochsZeroIsRefusedAndMinusOneRunsUntilMaxSteps) {
+  auto expect_error = [](TrainerOptions o, const std::vector<std::string>& needles) {
+    try {
+      Trainer t(quiet(o));
+      ADD_FAILURE() << "expected an error";
+    } catch (const Error& e) {
+      for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+    }
+  };
+  expect_error({.max_epochs = 0, .max_steps = 5}, {"max_epochs=0", "max_epochs=-1", "max_steps"});
+  expect_error({.max_epochs = 0}, {"max_epochs=0"});
+  expect_error({.max_epochs = -1}, {"max_epochs=-1 and max_steps=-1", "set max_steps"});
+  expect_error({.max_epochs = -2, .max_steps = 5}, {"max_epochs must be >= 1, or -1"});
+  expect_error({.max_epochs = 1, .max_steps = 0}, {"max_steps must be -1 (no limit) or >= 1"});
+  BlobClassifier m;
+  // 64 examples / batch 16 = 4 steps per epoch: 10 steps cross two epoch ends.
+  FitResult r = Trainer(quiet({.max_epochs = -1, .max_steps = 10, .batch_size = 16})).fit(m, blobs(64, 1));
+  EXPECT_EQ(r.global_step, 10);
+  EXPECT_EQ(r.epochs_completed, 2);
+}
+
+// A classifier whose Dropout has its own seeded Generator (not default_generator()).
+class SeededDropoutClassifier : public BlobClassifier {
+ public:
+  explicit SeededDropoutClassifier(uint64_t seed) {
+    Generator gen(seed);
+    model_ = nn::make<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+        nn::make<nn::Linear>(4, 16, true, gen), nn::make<nn::ReLU>(), nn::make<nn::Dropout>(0.3, 7),
+        nn::make<nn::Linear>(16, 3, true, gen)});
+  }
+};
+
+void expect_same_bits(nn::Module& a, nn::Module& b) {
+  auto pa = a.parameters(), pb = b.parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_EQ(pa[i].to_vector<float>(), pb[i].to_vector<float>()) << "parameter " << i;
+}
+
+fs::path fresh_dir(const std::string& name) {
+  fs::path dir = fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  return dir;
+}
+
+// The checkpoint held only default_generator(); a Dropout's own stream restarted at its
+// seed on resume, so the resumed run drew other masks than the uninterrupted one.
+TEST(TrainerTest, SeededDropoutResumesBitExactly) {
+  fs::path dir = fresh_dir("rt_trainer_dropout");
+  auto data = blobs(100, 1);
+  const TrainerOptions base = quiet({.max_epochs = 3, .batch_size = 8});
+  SeededDropoutClassifier straight(1);
+  Trainer(base).fit(straight, data);
+
+  TrainerOptions stopped = base;
+  stopped.checkpoint_dir = dir.string();
+  stopped.simulate_signal_at_step = 20;  // mid-epoch 1 (13 steps per epoch)
+  SeededDropoutClassifier first(1);
+  EXPECT_TRUE(Trainer(stopped).fit(first, data).stopped_early);
+  nn::CheckpointInfo info = nn::read_checkpoint_info(*nn::CheckpointManager(dir.string()).latest_valid());
+  EXPECT_TRUE(info.metadata.at("rng_extra").contains("model.2.generator")) << info.metadata.dump();
+
+  TrainerOptions resume = base;
+  resume.checkpoint_dir = dir.string();
+  SeededDropoutClassifier second(99);
+  FitResult r = Trainer(resume).fit(second, data);
+  EXPECT_NE(r.resumed_from.find("ckpt-0000000020"), std::string::npos) << r.resumed_from;
+  EXPECT_EQ(r.global_step, 39);
+  expect_same_bits(*straight.model_, *second.model_);
+  fs::remove_all(dir);
+}
+
+// A signal on the last batch of an epoch saves ckpt-S (epoch e, all batches done); the
+// resumed run then ends that epoch and saved again at the same step S, writing over
+// ckpt-S: tensors first, record second. A crash between the two renames left a record
+// whose CRC no longer matched, and with keep_last=1 no valid checkpoint at all. The
+// crash is simulated by making the record's write fail (its temporary path is taken).
+TEST(TrainerTest, ASecondSaveAtTheSameStepNeverDestroysTheFirst) {
+  fs::path dir = fresh_dir("rt_trainer_samestep");
+  auto data = blobs(100, 1);
+  TrainerOptions base = quiet({.max_epochs = 3, .batch_size = 8, .checkpoint_dir = dir.string(), .keep_last = 1});
+  BlobClassifier straight(3);
+  TrainerOptions no_ckpt = base;
+  no_ckpt.checkpoint_dir.clear();
+  Trainer(no_ckpt).fit(straight, data);
+
+  TrainerOptions stopped = base;
+  stopped.simulate_signal_at_step = 13;  // the last of epoch 0's 13 steps
+  BlobClassifier first(3);
+  EXPECT_TRUE(Trainer(stopped).fit(first, data).stopped_early);
+
+  // Block the JSON record of any save at step 13 (whichever stem it uses).
+  const std::string pid = std::to_string(::getpid());
+  for (const char* stem : {"ckpt-0000000013", "ckpt-0000000013-1"})
+    fs::create_directories(dir / ("." + std::string(stem) + ".json.tmp." + pid));
+  BlobClassifier crashed(3);
+  EXPECT_THROW(Trainer(base).fit(crashed, data), std::exception);
+  for (const char* stem : {"ckpt-0000000013", "ckpt-0000000013-1"})
+    fs::remove_all(dir / ("." + std::string(stem) + ".json.tmp." + pid));
+
+  std::vector<std::string> skipped;
+  std::optional<std::string> latest = nn::CheckpointManager(dir.string(), 1).latest_valid(&skipped);
+  ASSERT_TRUE(latest.has_value()) << "no valid checkpoint left; skipped: " << (skipped.empty() ? "" : skipped[0]);
+  EXPECT_EQ(nn::read_checkpoint_info(*latest).progress.step, 13);
+
+  // Both saves at step 13 now succeed, under two names, and the run finishes exactly.
+  BlobClassifier resumed(42);
+  FitResult r = Trainer(base).fit(resumed, data);
+  EXPECT_EQ(r.global_step, 39);
+  expect_same_bits(*straight.model_, *resumed.model_);
+  fs::remove_all(dir);
+}
+
+// A signal during start-up (simulated as "after 0 steps"): stop before training,
+// nothing to save, no checkpoint written; a later run starts from the beginning.
+TEST(TrainerTest, SignalBeforeTheFirstStepStopsWithoutTraining) {
+  fs::path dir = fresh_dir("rt_trainer_early");
+  BlobClassifier m;
+  FitResult r = Trainer(quiet({.max_epochs = 2, .batch_size = 16, .checkpoint_dir = dir.string(),
+                               .simulate_signal_at_step = 0}))
+                    .fit(m, blobs(64, 1));
+  EXPECT_TRUE(r.stopped_early);
+  EXPECT_EQ(r.global_step, 0);
+  EXPECT_FALSE(nn::CheckpointManager(dir.string()).latest_valid().has_value());
   fs::remove_all(dir);
 }
 
