@@ -113,14 +113,22 @@ void DistributedDataParallel::broadcast_state(bool parameters, bool buffers) {
   for (auto& w : works) w.wait(group_->options().timeout);
 }
 
+// Buffers (BatchNorm's running statistics) are broadcast from rank 0 before a forward
+// when the forward before it was a synced training forward (grad mode on, outside
+// no_sync()), and before the very first one: PyTorch DDP's rule. So the first forward
+// of an evaluation under NoGradGuard still evaluates rank 0's statistics, and the ones
+// after it issue no collective, which lets ranks run different numbers of evaluation
+// forwards (uneven validation shards) without their collectives going out of step.
 void DistributedDataParallel::pre_forward() {
   forward_start_ = std::chrono::steady_clock::now();
-  if (options_.broadcast_buffers) broadcast_state(/*parameters=*/false, /*buffers=*/true);
+  if (options_.broadcast_buffers && sync_buffers_next_forward_)
+    broadcast_state(/*parameters=*/false, /*buffers=*/true);
 }
 
 void DistributedDataParallel::post_forward(const std::vector<Tensor>& outputs) {
   // With grad mode off there will be no backward to reduce for.
   bool will_backward = autograd::grad_enabled();
+  sync_buffers_next_forward_ = sync_ && will_backward;
   reducer_->prepare_for_backward(outputs, sync_ && will_backward);
   reducer_->mutable_stats().forward_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - forward_start_).count();

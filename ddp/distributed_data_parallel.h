@@ -31,7 +31,7 @@ struct DdpOptions {
   // Buckets in symmetric memory when the group has it (ring backend, one host): the
   // allreduce reads the peers' buckets in place. See ReducerOptions.
   bool symmetric_buckets = true;
-  bool broadcast_buffers = true;   // sync buffers from rank 0 before every forward
+  bool broadcast_buffers = true;   // sync buffers from rank 0 before a forward (rule in pre_forward)
   bool overlap = true;             // launch buckets during backward (false: all at the end)
 };
 
@@ -81,6 +81,9 @@ class DistributedDataParallel {
   DdpOptions options_;
   std::unique_ptr<Reducer> reducer_;            // buckets and hooks
   bool sync_ = true;                            // false inside no_sync()
+  // Whether the next forward broadcasts buffers: true at first, then whether the last
+  // forward ran with grad mode on outside no_sync() (PyTorch's require_forward_param_sync).
+  bool sync_buffers_next_forward_ = true;
   std::chrono::steady_clock::time_point forward_start_;
 };
 

@@ -434,6 +434,34 @@ TEST(DdpMultiRank, BatchNormBuffersFollowRankZero) {
   }
 }
 
+// Only the first forward after a synced training forward broadcasts buffers (PyTorch's
+// rule), so ranks may run different numbers of no_grad forwards, as with uneven
+// validation shards, and train on with their collectives in step. Before, every forward
+// broadcast: rank 1's extra evaluation forwards issued broadcasts rank 0 never matched.
+TEST(DdpMultiRank, UnevenNumbersOfNoGradForwardsKeepCollectivesInStep) {
+  auto model = make_mlp(29, /*batch_norm=*/true);
+  DistributedDataParallel ddp(model, g_world);
+  nn::SGD sgd(model->parameters(), nn::SGDOptions{.lr = 0.05});
+  for (int step = 0; step < 4; ++step) {
+    model->eval();
+    {
+      autograd::NoGradGuard no_grad;
+      for (int i = 0; i <= g_world->rank() * 2; ++i) ddp(rank_slice(global_batch(50 + i)).x);
+    }
+    model->train();
+    sgd.zero_grad();
+    Batch b = rank_slice(global_batch(step));
+    autograd::backward(ag::cross_entropy(ddp(b.x), b.y));
+    sgd.step();
+  }
+  for (auto& [name, p] : model->named_parameters()) {
+    Tensor mine = p.contiguous();
+    Tensor root = mine.clone();
+    g_world->broadcast({root.data_ptr(), static_cast<size_t>(root.numel()), DType::kFloat32, Device::cpu()}, 0).wait();
+    EXPECT_EQ(mine.to_vector<float>(), root.to_vector<float>()) << name;
+  }
+}
+
 TEST(DdpMultiRank, CompressionHooksStayCloseToTheExactAverage) {
   for (CommHook hook : {CommHook(fp16_compress_hook), CommHook(bf16_compress_hook)}) {
     auto model = make_mlp(29);
