@@ -368,7 +368,8 @@ void Reducer::finalize_backward() {
   std::fill(used_since_sync_.begin(), used_since_sync_.end(), false);
 
   // Step 5: averaged gradients back into .grad. A parameter no rank used keeps
-  // no gradient, exactly as in single-process training.
+  // the .grad it had (none, or what zero_grad(set_to_none=false) left), exactly as
+  // in single-process training; a copy, because a bucket view's memory is reused.
   //   gradient_as_bucket_view: .grad already is the bucket view; nothing moves.
   //   otherwise: .grad *becomes* the bucket view and the bucket gets a fresh buffer
   //   for the next step (from the caching allocator; with symmetric buckets, the
@@ -382,7 +383,7 @@ void Reducer::finalize_backward() {
     const VariableLocator& loc = locators_[i];
     const Tensor& view = buckets_[loc.bucket_index].views[loc.intra_bucket_index];
     Tensor g = autograd::grad(params_[i]);
-    if (!globally_used[i]) autograd::set_grad(params_[i], Tensor());
+    if (!globally_used[i]) autograd::set_grad(params_[i], g.defined() ? g.clone() : Tensor());
     else if (!g.defined() || !g.is_same(view)) autograd::set_grad(params_[i], view);
   }
   if (!options_.gradient_as_bucket_view && !passthrough()) {

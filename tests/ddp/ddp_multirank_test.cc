@@ -237,6 +237,37 @@ TEST(DdpMultiRank, FindUnusedParametersHandlesABranchForwardNeverUses) {
   }
 }
 
+// A parameter no rank uses keeps the .grad it had, as in single-process training: after
+// zero_grad(set_to_none=false) that is zeros, which SGD's weight decay still acts on.
+// (Before, DDP dropped it, so a decayed unused weight diverged from the reference.)
+TEST(DdpMultiRank, UnusedParameterKeepsItsZeroedGradient) {
+  for (bool bucket_view : {false, true}) {
+    SCOPED_TRACE(bucket_view ? "gradient_as_bucket_view" : "copying");
+    Generator g1(31);
+    auto model = std::make_shared<TwoBranch>(g1);
+    DdpOptions options;
+    options.find_unused_parameters = true;
+    options.gradient_as_bucket_view = bucket_view;
+    DistributedDataParallel ddp(model, g_world, options);
+    nn::SGD sgd(model->parameters(), nn::SGDOptions{.lr = 0.1, .weight_decay = 0.5});
+    const Tensor unused = model->param("unused.weight");
+    autograd::set_grad(unused, zeros_like(unused));  // as if an earlier step had used it
+    const std::vector<float> start = unused.to_vector<float>();
+    for (int step = 0; step < 3; ++step) {
+      sgd.zero_grad(/*set_to_none=*/false);
+      Batch b = rank_slice(global_batch(step));
+      autograd::backward(ag::cross_entropy(ddp(b.x), b.y));
+      Tensor g = autograd::grad(unused);
+      ASSERT_TRUE(g.defined()) << "step " << step;
+      EXPECT_EQ(g.to_vector<float>(), std::vector<float>(g.numel(), 0.0f)) << "step " << step;
+      sgd.step();
+    }
+    // Three decayed steps: w * (1 - lr * wd)^3, on every rank alike.
+    std::vector<float> now = unused.to_vector<float>();
+    for (size_t i = 0; i < now.size(); ++i) EXPECT_FLOAT_EQ(now[i], start[i] * 0.95f * 0.95f * 0.95f) << i;
+  }
+}
+
 TEST(DdpMultiRank, StaticGraphLearnsTheUnusedSetInStepOne) {
   Generator g1(13 + g_world->rank()), g2(13);
   auto model = std::make_shared<TwoBranch>(g1);
