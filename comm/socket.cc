@@ -112,12 +112,38 @@ Socket Socket::connect(const std::string& host, int port, Deadline deadline) {
     int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     SYS_CHECK(fd);
     Socket sock(fd);
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    // A blocking connect() to a host that drops SYNs (a firewall, a listener whose
+    // backlog is full) waits for the kernel's SYN retries, about two minutes, whatever
+    // the deadline says. So connect without blocking and wait for the answer in poll(),
+    // at most until the deadline.
+    const int flags = fcntl(fd, F_GETFL);
+    SYS_CHECK(flags);
+    SYS_CHECK(fcntl(fd, F_SETFL, flags | O_NONBLOCK));
+    int err = 0;
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      err = errno;
+      if (err == EINPROGRESS) {
+        pollfd p{fd, POLLOUT, 0};
+        int ready = 0;
+        do {
+          ready = ::poll(&p, 1, millis_until(deadline));
+        } while (ready < 0 && errno == EINTR);
+        SYS_CHECK(ready);
+        if (ready == 0) {
+          err = ETIMEDOUT;
+        } else {
+          socklen_t len = sizeof(err);
+          SYS_CHECK(getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len));
+        }
+      }
+    }
+    if (err == 0) {
+      SYS_CHECK(fcntl(fd, F_SETFL, flags));  // the rest of Socket expects blocking I/O
       int one = 1;
       SYS_CHECK(setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)));
       return sock;
     }
-    last_error = std::strerror(errno);
+    last_error = std::strerror(err);
     if (Clock::now() + backoff >= deadline) break;
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(200));

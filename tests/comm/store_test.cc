@@ -11,6 +11,7 @@
 #include <ctime>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <vector>
 
 #include "comm/socket.h"
 #include "comm/store.h"
@@ -214,6 +215,36 @@ TEST(Store, PortInUseSaysWhichAndHowToFix) {
     EXPECT_NE(what.find(std::to_string(first.port())), std::string::npos) << what;
     EXPECT_NE(what.find("MASTER_PORT"), std::string::npos) << what;
   }
+}
+
+// A listener whose accept queue is full drops further SYNs, as a firewall does: a blocking
+// connect() then waits for the kernel's SYN retries (about two minutes). Socket::connect
+// must give up at its deadline instead.
+TEST(Socket, ConnectToAHostThatDropsSynsEndsAtTheDeadline) {
+  int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(listener, 0), 0);  // never accepted: the queue fills at once
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const int port = ntohs(addr.sin_port);
+  // Fill the queue (backlog 0 admits one or two); each may or may not complete.
+  std::vector<int> fillers;
+  for (int i = 0; i < 4; ++i) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    fillers.push_back(fd);
+  }
+  std::this_thread::sleep_for(100ms);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(Socket::connect("127.0.0.1", port, std::chrono::steady_clock::now() + 1500ms), CommTimeoutError);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(waited, 5.0) << "connect ignored its 1.5 s deadline";
+  for (int fd : fillers) ::close(fd);
+  ::close(listener);
 }
 
 TEST(Store, ClientLearnsWhenServerGoesAway) {
