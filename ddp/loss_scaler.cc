@@ -1,6 +1,8 @@
 // loss_scaler.cc: see loss_scaler.h for the algorithm (PyTorch GradScaler rules).
 #include "ddp/loss_scaler.h"
 
+#include <cmath>
+
 #include "autograd/functions.h"
 #include "tensor/ops.h"
 
@@ -47,6 +49,10 @@ bool LossScaler::unscale_(const std::vector<Tensor>& grads) {
 }
 
 bool LossScaler::step(const std::vector<Tensor>& grads, const std::function<void()>& optimizer_step) {
+  // As GradScaler: a second step() would step the optimizer again on the same gradients.
+  RT_CHECK(!stepped_, "LossScaler::step: already called since the last update(); call update() "
+                      "after every step()");
+  stepped_ = true;
   if (!unscaled_) unscale_(grads);
   last_step_skipped_ = found_inf_;
   if (!found_inf_) optimizer_step();
@@ -66,6 +72,7 @@ void LossScaler::update() {
     }
   }
   unscaled_ = false;
+  stepped_ = false;
   found_inf_ = false;
 }
 
@@ -78,20 +85,44 @@ nlohmann::json LossScaler::state_dict() const {
           {"enabled", options_.enabled}};
 }
 
+// Whether scaling is on stays what the constructor said (the run's precision decides it,
+// not the checkpoint), as with GradScaler: loading into a disabled scaler does nothing,
+// and loading a disabled scaler's state into an enabled one is an error, since the
+// checkpoint has no scale to continue from.
 void LossScaler::load_state_dict(const nlohmann::json& state) {
+  if (!options_.enabled) return;
+  double scale = 0, growth_factor = 0, backoff_factor = 0;
+  int64_t growth_tracker = 0, growth_interval = 0;
+  bool saved_enabled = false;
   try {
-    scale_ = state.at("scale").get<double>();
-    growth_tracker_ = state.at("growth_tracker").get<int64_t>();
-    options_.growth_factor = state.at("growth_factor").get<double>();
-    options_.backoff_factor = state.at("backoff_factor").get<double>();
-    options_.growth_interval = state.at("growth_interval").get<int64_t>();
-    options_.enabled = state.at("enabled").get<bool>();
+    scale = state.at("scale").get<double>();
+    growth_tracker = state.at("growth_tracker").get<int64_t>();
+    growth_factor = state.at("growth_factor").get<double>();
+    backoff_factor = state.at("backoff_factor").get<double>();
+    growth_interval = state.at("growth_interval").get<int64_t>();
+    saved_enabled = state.at("enabled").get<bool>();
   } catch (const nlohmann::json::exception& e) {
     throw Error(std::string("LossScaler::load_state_dict: malformed state (") + e.what() +
                 "); expected the object written by state_dict()");
   }
-  RT_CHECK(scale_ > 0, "LossScaler::load_state_dict: scale must be positive, got ", scale_);
+  RT_CHECK(saved_enabled, "LossScaler::load_state_dict: the state was saved by a disabled scaler (a run "
+                          "without fp16 loss scaling, e.g. precision 32 or bf16-mixed), so it has no "
+                          "scale to resume; resume with the precision the checkpoint was written with, "
+                          "or start this run without resuming");
+  RT_CHECK(scale > 0 && std::isfinite(scale), "LossScaler::load_state_dict: scale must be positive and "
+                                              "finite, got ", scale);
+  RT_CHECK(growth_factor >= 1 && backoff_factor > 0 && backoff_factor <= 1 && growth_interval >= 1 &&
+               growth_tracker >= 0 && growth_tracker < growth_interval,
+           "LossScaler::load_state_dict: inconsistent state (growth_factor ", growth_factor,
+           ", backoff_factor ", backoff_factor, ", growth_interval ", growth_interval, ", growth_tracker ",
+           growth_tracker, ")");
+  scale_ = scale;
+  growth_tracker_ = growth_tracker;
+  options_.growth_factor = growth_factor;
+  options_.backoff_factor = backoff_factor;
+  options_.growth_interval = growth_interval;
   unscaled_ = false;
+  stepped_ = false;
   found_inf_ = false;
 }
 

@@ -76,6 +76,7 @@ class LossScaler {
   double scale_;                               // current loss scale S
   int64_t growth_tracker_ = 0;                 // clean steps since the last change of S
   bool unscaled_ = false;                      // unscale_ already ran this step
+  bool stepped_ = false;                       // step() already ran this step
   bool found_inf_ = false;                     // this step's agreed overflow flag
   bool last_step_skipped_ = false;             // the latest step() skipped the optimizer
 };

@@ -132,5 +132,41 @@ TEST(LossScalerTest, StateDictRoundTripsAndRejectsGarbage) {
   EXPECT_THROW(LossScaler(LossScalerOptions{.init_scale = 1, .growth_factor = 0.5}), Error);
 }
 
+// The constructor (the run's precision) decides whether scaling is on, not the checkpoint:
+// before, loading an enabled scaler's state turned a disabled scaler on (a bf16 run resumed
+// from an fp16 checkpoint scaled its loss), and the reverse turned scaling off silently.
+TEST(LossScalerTest, LoadingStateNeverChangesWhetherScalingIsOn) {
+  LossScaler enabled;
+  LossScalerOptions off;
+  off.enabled = false;
+  LossScaler disabled(off);
+  disabled.load_state_dict(enabled.state_dict());  // a no-op, as GradScaler's
+  EXPECT_FALSE(disabled.enabled());
+  LossScaler other;
+  try {
+    other.load_state_dict(disabled.state_dict());
+    FAIL() << "an enabled scaler loaded a disabled one's state";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("disabled"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(other.enabled());
+  nlohmann::json bad = enabled.state_dict();
+  bad["growth_tracker"] = 5000;  // beyond growth_interval 2000
+  EXPECT_THROW(other.load_state_dict(bad), Error);
+}
+
+// As GradScaler: step() twice without update() is an error, not a second optimizer step.
+TEST(LossScalerTest, SecondStepBeforeUpdateIsAnError) {
+  LossScaler scaler;
+  int steps = 0;
+  Tensor g = ones({1});
+  EXPECT_TRUE(scaler.step({g}, [&] { ++steps; }));
+  EXPECT_THROW(scaler.step({g}, [&] { ++steps; }), Error);
+  EXPECT_EQ(steps, 1);
+  scaler.update();
+  EXPECT_TRUE(scaler.step({g}, [&] { ++steps; }));
+  EXPECT_EQ(steps, 2);
+}
+
 }  // namespace
 }  // namespace ringtrain::ddp
