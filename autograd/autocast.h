@@ -6,8 +6,12 @@
 // ops that gain most from half precision and lose least (matmul, linear,
 // conv2d: tensor-core GEMMs on a GPU) cast their floating-point inputs to the
 // autocast dtype and return a half-precision result, while the ops that need
-// range or precision (softmax, log_softmax, cross_entropy, mse_loss) cast their
-// inputs up to float32. The weights stay float32: the casts are ordinary
+// range or precision (softmax, log_softmax, cross_entropy, mse_loss, layer_norm,
+// batch_norm) cast their inputs up to float32. Elementwise binary ops (add, sub,
+// mul, div, maximum, minimum, where) and cat/stack given mixed floating dtypes (a
+// half GEMM output and a float32 residual) compute in the widest one, as PyTorch's
+// type promotion does; outside autocast ringtrain's ops never promote. float64
+// tensors are never cast down. The weights stay float32: the casts are ordinary
 // differentiable ops, so their gradients flow back into the float32 weights in
 // float32. Everything else runs in whatever dtype it receives.
 //

@@ -11,6 +11,7 @@
 // Everything inside a rule uses the plain tensor ops (grad mode is off in backward).
 #include "autograd/functions.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -46,6 +47,48 @@ Tensor autocast_input(const Tensor& t, DType dtype);
     auto C = [&](const Tensor& t) { return autocast_input(t, DType::kFloat32); }; \
     return __VA_ARGS__;                                                     \
   }
+// Under autocast a half-precision GEMM output meets float32 tensors (a residual
+// connection, a concatenation). PyTorch's type promotion computes such ops in the wider
+// dtype; ringtrain's ops do not promote (tensor/ops.h), so under autocast only, the
+// elementwise binary ops and the joins cast their floating inputs to the widest one.
+namespace {
+DType autocast_widest(const std::vector<Tensor>& tensors) {
+  int rank = -1;  // f16/bf16 = 0, f32 = 1, f64 = 2; f16 with bf16 promotes to f32
+  bool f16 = false, bf16 = false;
+  for (const Tensor& t : tensors) {
+    if (!t.defined() || !is_floating_point(t.dtype())) continue;
+    const DType d = t.dtype();
+    f16 |= d == DType::kFloat16;
+    bf16 |= d == DType::kBFloat16;
+    rank = std::max(rank, d == DType::kFloat64 ? 2 : d == DType::kFloat32 ? 1 : 0);
+  }
+  if (rank == 2) return DType::kFloat64;
+  if (rank == 1 || (f16 && bf16)) return DType::kFloat32;
+  return f16 ? DType::kFloat16 : DType::kBFloat16;
+}
+bool autocast_mixed(const std::vector<Tensor>& tensors) {
+  if (!autograd::autocast_enabled()) return false;
+  const Tensor* first = nullptr;
+  for (const Tensor& t : tensors) {
+    if (!t.defined() || !is_floating_point(t.dtype())) continue;
+    if (first != nullptr && first->dtype() != t.dtype()) return true;
+    if (first == nullptr) first = &t;
+  }
+  return false;
+}
+std::vector<Tensor> autocast_promoted(const std::vector<Tensor>& tensors) {
+  const DType widest = autocast_widest(tensors);
+  std::vector<Tensor> out;
+  for (const Tensor& t : tensors) out.push_back(autocast_input(t, widest));
+  return out;
+}
+}  // namespace
+#define RT_AUTOCAST_PROMOTE2(op, a, b)                     \
+  if (autocast_mixed({a, b})) {                             \
+    std::vector<Tensor> rt_promoted_ = autocast_promoted({a, b}); \
+    return ag::op(rt_promoted_[0], rt_promoted_[1]);        \
+  }
+
 using Grads = std::vector<Tensor>;
 
 namespace {
@@ -90,6 +133,7 @@ Tensor maybe(bool needed, const std::function<Tensor()>& f) { return needed ? f(
 
 // add: a + b  ->  g, g
 Tensor add(const Tensor& a, const Tensor& b) {
+  RT_AUTOCAST_PROMOTE2(add, a, b)
   return record("add", {a, b}, rt::add(a, b), {},
                 [sa = a.shape(), sb = b.shape()](const Tensor& g, Ctx& c) -> Grads {
                   return {c.needs(0) ? unbroadcast(g, sa) : Tensor(),
@@ -99,6 +143,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
 
 // sub: a - b  ->  g, -g
 Tensor sub(const Tensor& a, const Tensor& b) {
+  RT_AUTOCAST_PROMOTE2(sub, a, b)
   return record("sub", {a, b}, rt::sub(a, b), {},
                 [sa = a.shape(), sb = b.shape()](const Tensor& g, Ctx& c) -> Grads {
                   return {c.needs(0) ? unbroadcast(g, sa) : Tensor(),
@@ -108,6 +153,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 
 // mul: a * b  ->  g * b, g * a
 Tensor mul(const Tensor& a, const Tensor& b) {
+  RT_AUTOCAST_PROMOTE2(mul, a, b)
   return record("mul", {a, b}, rt::mul(a, b), {a, b},
                 [sa = a.shape(), sb = b.shape()](const Tensor& g, Ctx& c) -> Grads {
                   return {maybe(c.needs(0), [&] { return unbroadcast(rt::mul(g, c.saved(1)), sa); }),
@@ -117,6 +163,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 
 // div: y = a / b  ->  g / b, -g * y / b
 Tensor div(const Tensor& a, const Tensor& b) {
+  RT_AUTOCAST_PROMOTE2(div, a, b)
   Tensor y = rt::div(a, b);
   return record("div", {a, b}, y, {b, y},
                 [sa = a.shape(), sb = b.shape()](const Tensor& g, Ctx& c) -> Grads {
@@ -152,6 +199,7 @@ Tensor pow(const Tensor& a, const Tensor& b) {
 
 // maximum: max(a, b)  ->  g where a >= b, g where a < b (ties go to a)
 Tensor maximum(const Tensor& a, const Tensor& b) {
+  RT_AUTOCAST_PROMOTE2(maximum, a, b)
   return record("maximum", {a, b}, rt::maximum(a, b), {a, b},
                 [sa = a.shape(), sb = b.shape()](const Tensor& g, Ctx& c) -> Grads {
                   Tensor a_wins = rt::ge(c.saved(0), c.saved(1));
@@ -163,6 +211,7 @@ Tensor maximum(const Tensor& a, const Tensor& b) {
 
 // minimum: min(a, b)  ->  g where a <= b, g where a > b (ties go to a)
 Tensor minimum(const Tensor& a, const Tensor& b) {
+  RT_AUTOCAST_PROMOTE2(minimum, a, b)
   return record("minimum", {a, b}, rt::minimum(a, b), {a, b},
                 [sa = a.shape(), sb = b.shape()](const Tensor& g, Ctx& c) -> Grads {
                   Tensor a_wins = rt::le(c.saved(0), c.saved(1));
@@ -269,6 +318,10 @@ Tensor sigmoid(const Tensor& a) {
 
 // where: cond ? a : b  ->  g where cond, g where !cond (cond gets none)
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  if (autocast_mixed({a, b})) {
+    std::vector<Tensor> promoted = autocast_promoted({a, b});
+    return ag::where(cond, promoted[0], promoted[1]);
+  }
   return record("where", {Tensor(), a, b}, rt::where(cond, a, b), {cond},
                 [sa = a.shape(), sb = b.shape()](const Tensor& g, Ctx& c) -> Grads {
                   const Tensor& cond = c.saved(0);
@@ -473,6 +526,7 @@ Tensor to(const Tensor& a, DType dtype) {
 
 // cat: join along dim  ->  each input gets its slice of g (a view, no copy)
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+  if (autocast_mixed(tensors)) return ag::cat(autocast_promoted(tensors), dim);
   Tensor out = rt::cat(tensors, dim);
   int64_t d = wrap_dim(dim, out.dim(), "cat");
   std::vector<int64_t> sizes;
@@ -490,6 +544,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
 
 // stack: join along a new dim  ->  each input gets g.select(dim, i)
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
+  if (autocast_mixed(tensors)) return ag::stack(autocast_promoted(tensors), dim);
   Tensor out = rt::stack(tensors, dim);
   int64_t d = wrap_dim(dim, out.dim(), "stack");
   return record("stack", tensors, out, {}, [d, n = tensors.size()](const Tensor& g, Ctx& c) -> Grads {
@@ -582,6 +637,13 @@ Tensor log_softmax(const Tensor& a, int64_t dim) {
 // (eval): y = (x - running_mean) * rstd_running * w + b  ->  dx = g * w * rstd_running
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                   const Tensor& running_var, bool training, double momentum, double eps) {
+  // Under autocast: in float32, as PyTorch's cuDNN batch norm computes half input with
+  // float32 statistics (here the output is float32 too). The running statistics are
+  // updated in place, so only when they are float32 already (or absent).
+  if ((!running_mean.defined() || running_mean.dtype() == DType::kFloat32) &&
+      (!running_var.defined() || running_var.dtype() == DType::kFloat32)) {
+    RT_AUTOCAST_FLOAT32(ag::batch_norm(C(x), C(weight), C(bias), running_mean, running_var, training, momentum, eps))
+  }
   RT_CHECK(x.dim() >= 2, "batch_norm: input must be [N, C, ...], got ", x.describe());
   int64_t channels = x.size(1);
   for (const Tensor* t : {&weight, &bias, &running_mean, &running_var})
@@ -653,6 +715,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
 //       dw = sum over leading dims of g * xhat, db = sum over leading dims of g
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
                   const Tensor& bias, double eps) {
+  RT_AUTOCAST_FLOAT32(ag::layer_norm(C(x), normalized_shape, C(weight), C(bias), eps))  // PyTorch's fp32 list
   int64_t k = static_cast<int64_t>(normalized_shape.size());
   RT_CHECK(k >= 1 && x.dim() >= k &&
                Shape(x.shape().end() - k, x.shape().end()) == normalized_shape,
@@ -780,7 +843,10 @@ Tensor mse_loss(const Tensor& input, const Tensor& target) {
 
 namespace {
 Tensor autocast_input(const Tensor& t, DType dtype) {
+  // float64 is never cast down (PyTorch's autocast leaves double tensors alone), only
+  // promoted to (autocast_promoted picks float64 when any input is).
   if (!t.defined() || !is_floating_point(t.dtype()) || t.dtype() == dtype) return t;
+  if (t.dtype() == DType::kFloat64 && dtype != DType::kFloat64) return t;
   return ag::to(t, dtype);
 }
 }  // namespace

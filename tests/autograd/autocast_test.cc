@@ -58,6 +58,47 @@ TEST(AutocastTest, LinearRunsInHalfAndWeightsGetFloat32Gradients) {
   }
 }
 
+// Models that worked under torch.autocast failed here: a Linear followed by BatchNorm or
+// LayerNorm, a residual x + linear(x), cat of float32 and half ("operands have different
+// dtypes"); and float64 inputs were cast down, which torch.autocast never does.
+TEST(AutocastTest, NormsResidualsJoinsAndFloat64WorkAsInTorch) {
+  for (DType half : {DType::kFloat16, DType::kBFloat16}) {
+    SCOPED_TRACE(dtype_name(half));
+    Generator gen(7);
+    Tensor x = randn({6, 8}, gen);
+    Tensor w = mul(randn({8, 8}, gen), 0.3);
+    set_requires_grad(w);
+    Tensor gamma = ones({8}), beta = zeros({8});
+    set_requires_grad(gamma);
+    Tensor running_mean = zeros({8}), running_var = ones({8});
+    Tensor out;
+    {
+      AutocastGuard guard(half);
+      Tensor h = ag::linear(x, w, Tensor());
+      EXPECT_EQ(h.dtype(), half);
+      Tensor bn = ag::batch_norm(h, gamma, beta, running_mean, running_var, /*training=*/true, 0.1, 1e-5);
+      EXPECT_EQ(bn.dtype(), DType::kFloat32);
+      Tensor ln = ag::layer_norm(h, {8}, gamma, beta, 1e-5);
+      EXPECT_EQ(ln.dtype(), DType::kFloat32);
+      Tensor residual = ag::add(x, h);  // float32 + half -> float32
+      EXPECT_EQ(residual.dtype(), DType::kFloat32);
+      Tensor joined = ag::cat({x, h}, 1);
+      EXPECT_EQ(joined.dtype(), DType::kFloat32);
+      EXPECT_EQ(ag::mul(h, h).dtype(), half);  // same dtypes: nothing changes
+      out = ag::sum(ag::add(ag::add(bn, ln), ag::add(residual, ag::sum(joined))));
+      // float64 stays float64 in a GEMM and in a float32-list op
+      Tensor d = randn({3, 4}, gen).to(DType::kFloat64);
+      EXPECT_EQ(ag::matmul(d, d.t()).dtype(), DType::kFloat64);
+      EXPECT_EQ(ag::softmax(d, 1).dtype(), DType::kFloat64);
+    }
+    EXPECT_NE(running_mean.to_vector<float>(), std::vector<float>(8, 0.0f));  // updated in place
+    backward(out);
+    EXPECT_EQ(grad(w).dtype(), DType::kFloat32);
+    EXPECT_TRUE(all_finite(grad(w)));
+    EXPECT_EQ(grad(gamma).dtype(), DType::kFloat32);
+  }
+}
+
 TEST(AutocastTest, OutsideTheScopeNothingIsCast) {
   Generator gen(1);
   Tensor a = randn({3, 5}, gen), b = randn({5, 2}, gen);
