@@ -71,8 +71,13 @@ void HierarchicalAllreduce::worker_loop() {
 CommHook HierarchicalAllreduce::hook() {
   return [this](comm::ProcessGroup& group, Bucket& bucket) -> CommHookResult {
     Tensor flat = bucket.flat;
-    comm::Work work = allreduce_sum(buffer_of(flat));
     const double world = static_cast<double>(world_->size());
+    if (flat.dtype() == DType::kFloat16 || flat.dtype() == DType::kBFloat16) {
+      // Divide before summing: a 16-bit sum of N gradients overflows at 65504 / N.
+      div_(flat, world);
+      return {allreduce_sum(buffer_of(flat)), nullptr};
+    }
+    comm::Work work = allreduce_sum(buffer_of(flat));
     return {work, [flat, world]() mutable { div_(flat, world); }};
   };
 }

@@ -33,6 +33,13 @@ comm::BufferRef buffer_of(const Tensor& t) {
 }
 
 CommHookResult allreduce_average_hook(comm::ProcessGroup& group, Bucket& bucket) {
+  if (bucket.flat.dtype() == DType::kFloat16 || bucket.flat.dtype() == DType::kBFloat16) {
+    // A 16-bit sum of N gradients overflows at 65504 / N (fp16) although their average
+    // would not: divide first, then sum, as PyTorch's reducer (it scales each gradient
+    // by 1/N on its way into the bucket) and NCCL's ncclAvg (a pre-multiplied sum) do.
+    div_(bucket.flat, static_cast<double>(group.size()));
+    return {group.allreduce(buffer_of(bucket.flat), comm::ReduceOp::kSum), nullptr};
+  }
   return {group.allreduce(buffer_of(bucket.flat), comm::ReduceOp::kAvg), nullptr};
 }
 CommHookResult fp16_compress_hook(comm::ProcessGroup& group, Bucket& bucket) {
@@ -346,7 +353,8 @@ void Reducer::finalize_backward() {
     if (bucket.finish) bucket.finish();
     bytes += bucket.flat.nbytes();
     Clock::time_point done = bucket.work.completed_at();
-    if (done == Clock::time_point{}) done = Clock::now();  // an empty Work (nothing to reduce)
+    // An empty Work (nothing to reduce: one rank) took no time at all.
+    if (done == Clock::time_point{}) done = bucket.launch_time;
     timings_.push_back({b, bucket.flat.nbytes(), ms_between(backward_start_, bucket.ready_time),
                         ms_between(backward_start_, bucket.launch_time), ms_between(backward_start_, done)});
   }
@@ -413,10 +421,19 @@ void Reducer::finalize_backward() {
   Clock::time_point end = Clock::now();
   stats_.backward_ms = ms_between(backward_start_, end);
   stats_.backward_compute_ms = ms_between(backward_start_, last_hook_time_);
+  // The group runs its collectives one at a time in launch (= bucket index) order, so
+  // bucket b's collective starts when it is launched or when bucket b-1's ends, whichever
+  // is later; counting from its launch would also count the time it sat in the queue
+  // (and comm_ms could exceed the step). comm_ms is the time some collective ran;
+  // overlapped_ms the part of it inside the backward's compute window.
   stats_.comm_ms = stats_.overlapped_ms = 0;
+  double previous_done = 0;
   for (const BucketTiming& t : timings_) {
-    stats_.comm_ms += t.done_ms - t.launch_ms;
-    stats_.overlapped_ms += std::max(0.0, std::min(t.done_ms, stats_.backward_compute_ms) - t.launch_ms);
+    const double start = std::max(t.launch_ms, previous_done);
+    const double done = std::max(t.done_ms, start);
+    stats_.comm_ms += done - start;
+    stats_.overlapped_ms += std::max(0.0, std::min(done, stats_.backward_compute_ms) - start);
+    previous_done = done;
   }
   stats_.buckets = buckets_.size();
   stats_.bytes_reduced = bytes;

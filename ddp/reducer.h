@@ -95,7 +95,7 @@ struct StepStats {
   double backward_ms = 0;       // prepare_for_backward to the end of finalize
   double backward_compute_ms = 0;  // prepare_for_backward to the last gradient hook
   double comm_wait_ms = 0;      // time finalize blocked waiting for collectives
-  double comm_ms = 0;           // sum over buckets of launch -> completion
+  double comm_ms = 0;           // time some bucket's collective ran (from its start, not its launch)
   double overlapped_ms = 0;     // the part of comm_ms that ran while backward was still computing
   size_t buckets = 0;
   size_t bytes_reduced = 0;

@@ -214,6 +214,12 @@ TEST(DdpMultiRank, BucketsAreRebuiltFromTheRealGradientOrderAfterStepOne) {
   EXPECT_GT(stats.backward_ms, 0.0);
   EXPECT_GE(stats.backward_ms, stats.backward_compute_ms);
   EXPECT_GE(stats.comm_ms, stats.overlapped_ms);
+  // Collectives run one at a time inside the backward step, so their busy time fits in it,
+  // and the overlapped part fits in the compute window (before, time queued behind earlier
+  // buckets counted as communication, and at one rank the empty Works counted until finalize).
+  EXPECT_LE(stats.comm_ms, stats.backward_ms + 1e-6);
+  EXPECT_LE(stats.overlapped_ms, stats.backward_compute_ms + 1e-6);
+  if (g_world->size() == 1) EXPECT_EQ(stats.comm_ms, 0.0);  // one rank: nothing is communicated
   EXPECT_EQ(ddp.reducer().last_bucket_timings().size(), stats.buckets);
   EXPECT_EQ(ddp.reducer().last_grad_ready_times().size(), model->parameters().size());
   // Backward makes the last layer's gradients first: bucket 0 holds the output layer.
@@ -537,6 +543,28 @@ TEST(DdpMultiRank, HierarchicalAllreduceHookMatchesTheFlatAverage) {
   DistributedDataParallel ddp(model, g_world, DdpOptions{.bucket_cap_bytes = 2048, .first_bucket_bytes = 512});
   ddp.register_comm_hook(hierarchical.hook());
   run_and_compare(ddp, *reference, Opt::kSgd, /*steps=*/3);
+}
+
+// fp16 gradients are averaged without overflowing where the average fits: every rank's
+// gradient is 40000, the fp16 sum of two is inf, the average is 40000. Before, both the
+// default hook (allreduce kAvg: sum, then divide) and the hierarchical hook gave inf.
+TEST(DdpMultiRank, HalfPrecisionGradientsAreAveragedWithoutOverflow) {
+  HierarchicalAllreduce hierarchical(g_world, g_world->rank() / 2, g_world->rank() % 2);
+  for (DType dtype : {DType::kFloat16}) {  // (bf16 has float32's range: its sum does not overflow)
+    for (bool hierarchical_hook : {false, true}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + (hierarchical_hook ? " hierarchical" : " default hook"));
+      Generator gen(5);
+      auto model = nn::make<nn::Linear>(1, 1, /*bias=*/false, gen);
+      model->to(dtype);
+      DistributedDataParallel ddp(model, g_world);
+      if (hierarchical_hook) ddp.register_comm_hook(hierarchical.hook());
+      Tensor x = full({1, 1}, 40000.0, dtype);
+      autograd::backward(ag::sum(ddp(x)));
+      Tensor g = autograd::grad(model->param("weight"));
+      ASSERT_TRUE(g.defined());
+      EXPECT_EQ(g.to(DType::kFloat64).item(), 40000.0);  // exact in fp16
+    }
+  }
 }
 
 TEST(DdpMultiRank, MismatchedModelsAreNamedAtConstruction) {
