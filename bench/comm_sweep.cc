@@ -124,6 +124,11 @@ int main(int argc, char** argv) {
   };
   const size_t min_bytes = std::max<size_t>(4, parse_size(min_text));
   const size_t max_bytes = parse_size(max_text);
+  if (min_bytes > max_bytes) {
+    std::fprintf(stderr, "comm_sweep: --min-bytes %zu is larger than --max-bytes %zu: no size to measure\n",
+                 min_bytes, max_bytes);
+    return 2;
+  }
 
   if (device_text == "cuda" && !cuda::is_available()) {
     std::fprintf(stderr, "comm_sweep: --device cuda, but no usable GPU here: %s\n", cuda::unavailable_reason());
@@ -215,7 +220,9 @@ int main(int argc, char** argv) {
 
   for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
     const size_t count = bytes / sizeof(float);
-    const int reps = bytes > (16u << 20) ? std::max(5, static_cast<int>(iters * (16u << 20) / bytes)) : iters;
+    // Above 16 MiB, fewer repetitions (the same bytes as iters at 16 MiB), at least 5.
+    const size_t kLarge = size_t{16} << 20;
+    const int reps = bytes > kLarge ? std::max(5, static_cast<int>(static_cast<size_t>(iters) * kLarge / bytes)) : iters;
     // One repetition of one implementation: restore the input (untimed), line the
     // ranks up, time the call, check every element.
     struct Samples {

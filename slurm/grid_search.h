@@ -19,7 +19,7 @@
 //     "nodes": 2, "ntasks_per_node": 1, "time": "00:30:00",
 //     "sbatch": ["--partition=debug", "--gres=gpu:1"],   // extra #SBATCH lines
 //     "template": "path/to/my.sbatch.in",         // optional; default kDefaultGridTemplate
-//     "params": { "lr": [0.1, 0.01], "hidden": [64, 128] }
+//     "params": { "lr": [0.1, 0.01], "batch-size": [16, 32] }
 //   }
 // Template placeholders: {{name}} for each parameter (its value shell-quoted), and {{job_name}},
 // {{run_name}}, {{run_index}}, {{run_count}}, {{run_dir}}, {{run_values}},
@@ -62,7 +62,7 @@ struct GridSpec {
 struct GridRun {
   int index = 0;                                            // 0-based position in the grid
   std::vector<std::pair<std::string, std::string>> values;  // (param, value), param order
-  std::string name;         // "003_lr-0.01_hidden-128": directory name
+  std::string name;         // "003_lr-0.01_batch-size-32": directory name
   std::string dir;          // output_root/name (absolute)
   std::string script_path;  // dir/job.sbatch
   std::string script;       // the rendered script text

@@ -1,6 +1,6 @@
 // grid_submit.cc: ringtrain-grid, a hyperparameter grid search on SLURM.
 //
-//   ringtrain-grid --param lr=0.1,0.01 --param hidden=64,128 --dry-run
+//   ringtrain-grid --param lr=0.1,0.01 --param batch-size=16,32 --dry-run
 //   ringtrain-grid --config grid.json --output-root runs/sweep1
 //
 // Every combination of the parameters becomes one sbatch script in its own

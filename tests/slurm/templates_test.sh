@@ -16,6 +16,14 @@ WORK="$(mktemp -d /tmp/ringtrain-templates.XXXXXX)"
 cd "$WORK"
 export RINGTRAIN_PROGRAM="$CHECK" RINGTRAIN_CHECKPOINT_DIR="$WORK/ckpt"
 fail() { echo "FAIL: $*"; for f in "$WORK"/*.out; do echo "== $f"; cat "$f"; done; exit 1; }
+# Since Slurm 22.05 srun does not inherit sbatch's --cpus-per-task: without SRUN_CPUS_PER_TASK
+# each task of a cluster with task/affinity or task/cgroup gets one CPU for its N threads.
+# (The local cluster uses task/none, so only the template text can show it.)
+for t in "$TEMPLATES"/*.sbatch; do
+  if grep -q -- '--cpus-per-task' "$t"; then
+    grep -q '^export SRUN_CPUS_PER_TASK=' "$t" || fail "$(basename "$t") sets --cpus-per-task but not SRUN_CPUS_PER_TASK"
+  fi
+done
 sbatch --wait --time=2 "$TEMPLATES/cpu.sbatch" >/dev/null || fail "cpu.sbatch job failed"
 sbatch --wait --time=2 --gres=none --ntasks-per-node=2 --cpus-per-task=1 --mem=100 \
   "$TEMPLATES/single_node_gpus.sbatch" >/dev/null || fail "single_node_gpus.sbatch job failed"

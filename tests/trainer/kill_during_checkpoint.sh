@@ -5,6 +5,8 @@
 #   kill_during_checkpoint.sh <digits_ddp> <workdir>
 set -uo pipefail
 demo=$1 work=$2
+pid=
+trap '[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null' EXIT  # never leave a 100000-epoch run behind
 rm -rf "$work" && mkdir -p "$work"
 for delay in 0.05 0.2 0.35 0.5 0.65; do
   "$demo" --no-progress --epochs 100000 --checkpoint-dir "$work/ckpt" --keep-last 2 > "$work/run.out" 2>&1 &
