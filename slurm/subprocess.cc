@@ -1,7 +1,12 @@
-// subprocess.cc: posix_spawnp with one pipe, read with poll() until EOF or the
-// deadline, then waitpid. Two RAII guards own the handles: Fd (a pipe end) and
-// Child (a spawned pid: killed with SIGKILL and reaped if still running when the
-// guard dies, e.g. on a timeout or an exception while reading).
+// subprocess.cc: posix_spawnp with one pipe, read with poll() until the child has
+// exited and its output is drained, or the deadline. Two RAII guards own the
+// handles: Fd (a pipe end) and Child (a spawned pid, leader of its own process
+// group: the group is killed with SIGKILL and the child reaped if it is still
+// running when the guard dies, e.g. on a timeout or an exception while reading).
+//
+// The end is the child's exit, not EOF on the pipe: a wrapper script that leaves a
+// background process behind (which inherits the pipe) would otherwise look like a
+// command that never finishes.
 #include "slurm/subprocess.h"
 
 #include <fcntl.h>
@@ -55,6 +60,7 @@ class Child {
   explicit Child(pid_t pid) : pid_(pid) {}
   ~Child() {
     if (pid_ > 0) {
+      ::kill(-pid_, SIGKILL);  // the whole group: what the command started dies with it
       ::kill(pid_, SIGKILL);
       int status = 0;
       while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
@@ -72,13 +78,34 @@ class Child {
     } while (got < 0 && errno == EINTR);
     if (got < 0) throw SlurmError(std::string("waitpid failed: ") + std::strerror(errno));
     pid_ = -1;
+    return decode(status);
+  }
+
+  // The exit code if the child has exited (it is then reaped), else -1 without waiting.
+  int try_wait() {
+    if (pid_ <= 0) return exit_code_;
+    int status = 0;
+    pid_t got;
+    do {
+      got = ::waitpid(pid_, &status, WNOHANG);
+    } while (got < 0 && errno == EINTR);
+    if (got < 0) throw SlurmError(std::string("waitpid failed: ") + std::strerror(errno));
+    if (got == 0) return -1;
+    pid_ = -1;
+    exit_code_ = decode(status);
+    return exit_code_;
+  }
+  bool exited() const { return pid_ <= 0; }
+
+ private:
+  static int decode(int status) {
     if (WIFEXITED(status)) return WEXITSTATUS(status);
     if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
     return -1;
   }
 
- private:
   pid_t pid_;
+  int exit_code_ = -1;
 };
 
 bool is_executable(const std::string& path) {
@@ -130,9 +157,15 @@ ProcessResult run_process(const std::vector<std::string>& argv, std::chrono::mil
   std::vector<char*> args;
   for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
   args.push_back(nullptr);
+  // Its own process group, so that a timeout kills what it started too.
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attributes, 0);
   pid_t pid = -1;
-  int rc = ::posix_spawnp(&pid, program.c_str(), &actions, nullptr, args.data(), environ);
+  int rc = ::posix_spawnp(&pid, program.c_str(), &actions, &attributes, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attributes);
   if (rc != 0) {
     throw SlurmError("cannot run '" + program + "': " + std::strerror(rc));
   }
@@ -141,15 +174,25 @@ ProcessResult run_process(const std::vector<std::string>& argv, std::chrono::mil
 
   ProcessResult result;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  // Once the child has exited, what is still in the pipe is read for at most this long:
+  // a process it left behind may hold the pipe open indefinitely.
+  constexpr auto kDrainAfterExit = std::chrono::milliseconds(200);
+  std::chrono::steady_clock::time_point drain_until{};
   char buffer[4096];
   while (true) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
+    const auto now = std::chrono::steady_clock::now();
+    if (child.try_wait() >= 0 || child.exited()) {
+      if (drain_until == std::chrono::steady_clock::time_point{}) drain_until = now + kDrainAfterExit;
+      if (now >= drain_until) break;
+    } else if (now >= deadline) {
       throw SlurmError("'" + program + "' did not finish within " + std::to_string(timeout.count()) +
                        " ms (killed); output so far: " + result.output);
     }
+    const auto until = child.exited() ? drain_until : deadline;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - now);
     pollfd pfd{read_end.get(), POLLIN, 0};
-    int ready = ::poll(&pfd, 1, static_cast<int>(std::min<long long>(left.count(), 1000)));
+    // Short slices while the child runs, so its exit is noticed promptly.
+    int ready = ::poll(&pfd, 1, static_cast<int>(std::clamp<long long>(left.count(), 0, 50)));
     if (ready < 0) {
       if (errno == EINTR) continue;
       throw SlurmError(std::string("poll failed: ") + std::strerror(errno));
@@ -160,10 +203,10 @@ ProcessResult run_process(const std::vector<std::string>& argv, std::chrono::mil
       if (errno == EINTR) continue;
       throw SlurmError(std::string("read from '" + program + "' failed: ") + std::strerror(errno));
     }
-    if (n == 0) break;  // EOF: the child closed its end (exited)
+    if (n == 0) break;  // EOF: every writer (the child and anything it started) is gone
     result.output.append(buffer, static_cast<size_t>(n));
   }
-  result.exit_code = child.wait();
+  result.exit_code = child.exited() ? child.try_wait() : child.wait();
   return result;
 }
 

@@ -346,5 +346,25 @@ TEST(Subprocess, CapturesOutputExitCodeAndTimesOut) {
   EXPECT_EQ(scontrol_command({}), "scontrol");
 }
 
+// A wrapper (RINGTRAIN_SCONTROL, RINGTRAIN_SBATCH) that exits at once but leaves a background
+// process holding its output pipe: the command is done when the child exits, not when the
+// pipe closes (before, this was reported as a timeout and the requeue as failed). And a
+// timeout kills what the command started, not only the command.
+TEST(Subprocess, EndsWhenTheChildExitsAndATimeoutKillsItsProcessGroup) {
+  auto start = std::chrono::steady_clock::now();
+  ProcessResult result = run_process({"sh", "-c", "echo started; sleep 6 & exit 0"}, std::chrono::seconds(3));
+  EXPECT_EQ(result.exit_code, 0);
+  EXPECT_EQ(result.output, "started\n");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+
+  const std::string marker = "7.25" + std::to_string(::getpid() % 1000);  // a sleep no one else runs
+  EXPECT_THROW(run_process({"sh", "-c", "sleep " + marker + " & wait"}, std::chrono::milliseconds(300)),
+               SlurmError);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // '[s]leep': the pattern must not match the command line of the shell running pgrep
+  ProcessResult left = run_process({"sh", "-c", "pgrep -f '[s]leep " + marker + "' || true"});
+  EXPECT_EQ(left.output, "") << "the timed-out command's background sleep survived";
+}
+
 }  // namespace
 }  // namespace ringtrain::slurm
