@@ -253,5 +253,19 @@ TEST(Reduce, SixteenBitFloatsComputeInFloat) {
   EXPECT_THROW(parse_reduce_op("mean"), CommError);
 }
 
+// Integer sums and products wrap around like MPI's and NCCL's (two's complement), defined
+// behaviour rather than signed overflow (which UBSan reports as an error in our builds).
+TEST(Reduce, IntegerOverflowWrapsAround) {
+  int32_t a[2] = {INT32_MAX, INT32_MIN};
+  int32_t b[2] = {1, -1};
+  reduce_into(a, b, 2, DType::kInt32, ReduceOp::kSum);
+  EXPECT_EQ(a[0], INT32_MIN);
+  EXPECT_EQ(a[1], INT32_MAX);
+  int64_t c[1] = {INT64_MAX};
+  int64_t d[1] = {2};
+  reduce_into(c, d, 1, DType::kInt64, ReduceOp::kProd);
+  EXPECT_EQ(c[0], -2);
+}
+
 }  // namespace
 }  // namespace ringtrain::comm
