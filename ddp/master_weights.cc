@@ -27,6 +27,11 @@ std::vector<Tensor> MasterWeights::copy_grads_to_masters() {
   return grads;
 }
 
+void MasterWeights::copy_model_to_masters() {
+  autograd::NoGradGuard no_grad;
+  for (size_t i = 0; i < masters_.size(); ++i) masters_[i].copy_(model_params_[i]);
+}
+
 void MasterWeights::copy_masters_to_model() {
   autograd::NoGradGuard no_grad;
   for (size_t i = 0; i < masters_.size(); ++i) model_params_[i].copy_(masters_[i]);

@@ -17,6 +17,15 @@
 //   scaler.update();
 //
 // The optimizer is built on masters.master_params(), never on the model.
+//
+// Checkpoints: save_checkpoint saves the model (half) and the optimizer state (which
+// belongs to the masters). After loading one into the model, call
+// copy_model_to_masters(): otherwise the masters still hold the weights they were
+// constructed from, and the next copy_masters_to_model() would overwrite the loaded
+// model with them. The masters' bits below half precision are not in the checkpoint,
+// so an O2 run resumes from its half weights widened to float32, close to but not
+// bitwise the uninterrupted run (O1 autocast runs, whose weights are float32, resume
+// exactly).
 #pragma once
 
 #include <vector>
@@ -37,6 +46,9 @@ class MasterWeights {
   std::vector<Tensor> copy_grads_to_masters();
   // Writes the masters back into the model's parameters (rounded to their dtype).
   void copy_masters_to_model();
+  // Sets the masters from the model's parameters (widened to float32): after the model
+  // was loaded from a checkpoint, or changed by hand.
+  void copy_model_to_masters();
 
  private:
   std::vector<Tensor> model_params_;  // the model's own (half) parameters

@@ -45,6 +45,25 @@ TEST(MasterWeightsTest, KeepsUpdatesTooSmallForHalfPrecision) {
   EXPECT_NEAR(max_abs_diff(sub(before, p.to(DType::kFloat32)), full(p.shape(), 201e-5)), 0.0, 1e-3);
 }
 
+// After a checkpoint (or any new weights) is loaded into the half model, the masters take
+// them over: before copy_model_to_masters() existed, the next copy_masters_to_model() wrote
+// the masters' construction-time weights over the loaded model.
+TEST(MasterWeightsTest, LoadedModelWeightsReachTheMasters) {
+  auto model = make_mlp(3);
+  model->to(DType::kFloat16);
+  MasterWeights masters(*model);
+  auto trained = make_mlp(4);  // stands in for the weights a checkpoint holds
+  trained->to(DType::kFloat16);
+  model->load_state_dict(trained->state_dict(), /*strict=*/true);
+  masters.copy_model_to_masters();
+  masters.copy_masters_to_model();
+  auto mine = model->parameters(), loaded = trained->parameters();
+  for (size_t i = 0; i < mine.size(); ++i) {
+    EXPECT_EQ(mine[i].to(DType::kFloat32).to_vector<float>(), loaded[i].to(DType::kFloat32).to_vector<float>()) << i;
+    EXPECT_EQ(masters.master_params()[i].to_vector<float>(), loaded[i].to(DType::kFloat32).to_vector<float>()) << i;
+  }
+}
+
 TEST(MasterWeightsTest, HalfPrecisionTrainingWithScalingTracksFloat32) {
   for (DType half : {DType::kFloat16, DType::kBFloat16}) {
     SCOPED_TRACE(dtype_name(half));
