@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "autograd/autograd.h"
 #include "autograd/functions.h"
 #include "nn/layers.h"
@@ -19,6 +21,25 @@ std::shared_ptr<nn::Module> make_mlp(uint64_t seed) {
   seq->push_back(nn::make<nn::ReLU>());
   seq->push_back(nn::make<nn::Linear>(16, 3, true, gen));
   return seq;
+}
+
+// Trains `single` and `dp` (which wraps an identical copy) side by side with SGD (lr 0.1)
+// on the same random batches of `batch` rows; after_step(step) checks whatever it likes.
+void train_side_by_side(nn::Module& single, DataParallel& dp, int steps, int64_t batch, uint64_t seed,
+                        const std::function<void(int)>& after_step = nullptr) {
+  nn::SGD a(single.parameters(), {.lr = 0.1}), b(dp.parameters(), {.lr = 0.1});
+  for (int step = 0; step < steps; ++step) {
+    Generator gen(seed + static_cast<uint64_t>(step));
+    Tensor x = randn({batch, 6}, gen);
+    Tensor y = mul(rand({batch}, gen), 3.0).to(DType::kInt64);
+    a.zero_grad();
+    b.zero_grad();
+    autograd::backward(ag::cross_entropy(single.forward(x), y));
+    autograd::backward(ag::cross_entropy(dp.forward(x), y));
+    a.step();
+    b.step();
+    if (after_step) after_step(step);
+  }
 }
 
 TEST(DataParallelTest, OutputsAndGradientsEqualTheSingleModule) {
@@ -61,42 +82,21 @@ TEST(DataParallelTest, ReusedSubmoduleGetsItsGradientFromEveryReplica) {
     return seq;
   };
   auto single = make_tied(), wrapped = make_tied();
-  auto dp = std::make_shared<DataParallel>(wrapped, std::vector<Device>(3, Device::cpu()));
-  nn::SGD a(single->parameters(), {.lr = 0.1}), b(dp->parameters(), {.lr = 0.1});
-  for (int step = 0; step < 3; ++step) {
-    Generator gen(200 + step);
-    Tensor x = randn({9, 6}, gen);
-    Tensor y = mul(rand({9}, gen), 3.0).to(DType::kInt64);
-    a.zero_grad();
-    b.zero_grad();
-    autograd::backward(ag::cross_entropy(single->forward(x), y));
-    autograd::backward(ag::cross_entropy(dp->forward(x), y));
-    a.step();
-    b.step();
+  DataParallel dp(wrapped, std::vector<Device>(3, Device::cpu()));
+  train_side_by_side(*single, dp, /*steps=*/3, /*batch=*/9, /*seed=*/200, [&](int step) {
     auto ps = single->named_parameters(), pd = wrapped->named_parameters();
     ASSERT_EQ(ps.size(), pd.size());
     for (size_t i = 0; i < ps.size(); ++i)
       EXPECT_LT(max_abs_diff(ps[i].second, pd[i].second), 1e-5) << ps[i].first << " step " << step;
-  }
+  });
 }
 
 TEST(DataParallelTest, TrainsLikeTheSingleModuleAndNamesParametersLikePyTorch) {
   auto single = make_mlp(11);
   auto wrapped = make_mlp(11);
-  auto dp = std::make_shared<DataParallel>(wrapped, std::vector<Device>(3, Device::cpu()));
-  EXPECT_EQ(dp->named_parameters().front().first, "module.0.weight");
-  nn::SGD a(single->parameters(), {.lr = 0.1}), b(dp->parameters(), {.lr = 0.1});
-  for (int step = 0; step < 5; ++step) {
-    Generator gen(100 + step);
-    Tensor x = randn({12, 6}, gen);
-    Tensor y = mul(rand({12}, gen), 3.0).to(DType::kInt64);
-    a.zero_grad();
-    b.zero_grad();
-    autograd::backward(ag::cross_entropy(single->forward(x), y));
-    autograd::backward(ag::cross_entropy(dp->forward(x), y));
-    a.step();
-    b.step();
-  }
+  DataParallel dp(wrapped, std::vector<Device>(3, Device::cpu()));
+  EXPECT_EQ(dp.named_parameters().front().first, "module.0.weight");
+  train_side_by_side(*single, dp, /*steps=*/5, /*batch=*/12, /*seed=*/100);
   auto ps = single->parameters(), pd = wrapped->parameters();
   for (size_t i = 0; i < ps.size(); ++i) EXPECT_LT(max_abs_diff(ps[i], pd[i]), 1e-5);
 }

@@ -17,6 +17,7 @@
 
 #include "comm/init.h"
 #include "slurm/cluster_environment.h"
+#include "tests/common/free_port.h"
 
 namespace ringtrain::slurm {
 namespace {
@@ -107,19 +108,7 @@ TEST(RequeueCoordinator, SingleProcessDecisions) {
   EXPECT_STREQ(requeue_decision_name(RequeueDecision::kCheckpointAndRequeue), "checkpoint+requeue");
 }
 
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  int port = ntohs(addr.sin_port);
-  close(fd);
-  return port;
-}
+using ::ringtrain::testing::free_port;
 
 // Rank `rank` of a 2-rank ring group rendezvousing at 127.0.0.1:port.
 std::shared_ptr<comm::ProcessGroup> join_two_rank_group(int rank, int port) {

@@ -23,21 +23,17 @@
 #include "nn/layers.h"
 #include "tensor/ops.h"
 #include "trainer/trainer.h"
+#include "tests/common/free_port.h"
+#include "tests/trainer/blobs.h"
 
 namespace ringtrain::trainer {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::shared_ptr<data::TensorDataset> blobs(int64_t n, uint64_t seed) {
-  Generator gen(seed);
-  Tensor y = mul(rand({n}, gen), 3.0).to(DType::kInt64);
-  Tensor centers = Tensor::from_vector<float>({2, 0, 0, 0, 0, 2, 0, 0, 0, 0, 2, 0}, {3, 4});
-  Tensor x = add(index_select(centers, 0, y), mul(randn({n, 4}, gen), 0.5));
-  return std::make_shared<data::TensorDataset>(x, y);
-}
+using testing::blobs;
 
-class Classifier : public TrainingModule {
+class Classifier : public testing::BlobStepsModule {
  public:
   explicit Classifier(bool batch_norm) {
     Generator gen(1);
@@ -48,14 +44,6 @@ class Classifier : public TrainingModule {
     model_->push_back(nn::make<nn::Linear>(16, 3, true, gen));
   }
   std::shared_ptr<nn::Module> model() override { return model_; }
-  Tensor training_step(const data::Batch& b, StepContext& ctx) override {
-    return ag::cross_entropy(ctx.forward(b.inputs), b.targets);
-  }
-  std::map<std::string, double> validation_step(const data::Batch& b, StepContext& ctx) override {
-    Tensor logits = ctx.forward(b.inputs);
-    return {{"correct", sum(eq(argmax(logits.to(DType::kFloat32), 1), b.targets)).item()},
-            {"count", static_cast<double>(b.size())}};
-  }
   Optimizers configure_optimizers(nn::Module& m) override {
     return {std::make_unique<nn::SGD>(m.parameters(), nn::SGDOptions{.lr = 0.1, .momentum = 0.9}), nullptr};
   }
@@ -69,19 +57,7 @@ TrainerOptions quiet(TrainerOptions o) {
   return o;
 }
 
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  int port = ntohs(addr.sin_port);
-  close(fd);
-  return port;
-}
+using ::ringtrain::testing::free_port;
 
 // Forks rank `rank` of 2 with the torchrun variables set; the child exits with what
 // body returns (20 when it throws, after printing the error).

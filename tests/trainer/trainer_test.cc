@@ -10,22 +10,16 @@
 #include "nn/checkpoint.h"
 #include "nn/layers.h"
 #include "tensor/ops.h"
+#include "tests/trainer/blobs.h"
 
 namespace ringtrain::trainer {
 namespace {
 
 namespace fs = std::filesystem;
 
-// Three Gaussian blobs in 4-D: easy, but only learnable by actually training.
-std::shared_ptr<data::TensorDataset> blobs(int64_t n, uint64_t seed) {
-  Generator gen(seed);
-  Tensor y = mul(rand({n}, gen), 3.0).to(DType::kInt64);
-  Tensor centers = Tensor::from_vector<float>({2, 0, 0, 0, 0, 2, 0, 0, 0, 0, 2, 0}, {3, 4});
-  Tensor x = add(index_select(centers, 0, y), mul(randn({n, 4}, gen), 0.5));
-  return std::make_shared<data::TensorDataset>(x, y);
-}
+using testing::blobs;
 
-class BlobClassifier : public TrainingModule {
+class BlobClassifier : public testing::BlobStepsModule {
  public:
   explicit BlobClassifier(uint64_t seed = 1) {
     Generator gen(seed);
@@ -33,14 +27,6 @@ class BlobClassifier : public TrainingModule {
         nn::make<nn::Linear>(4, 16, true, gen), nn::make<nn::ReLU>(), nn::make<nn::Linear>(16, 3, true, gen)});
   }
   std::shared_ptr<nn::Module> model() override { return model_; }
-  Tensor training_step(const data::Batch& b, StepContext& ctx) override {
-    return ag::cross_entropy(ctx.forward(b.inputs), b.targets);
-  }
-  std::map<std::string, double> validation_step(const data::Batch& b, StepContext& ctx) override {
-    Tensor logits = ctx.forward(b.inputs);
-    return {{"correct", sum(eq(argmax(logits.to(DType::kFloat32), 1), b.targets)).item()},
-            {"count", static_cast<double>(b.size())}};
-  }
   Optimizers configure_optimizers(nn::Module& m) override {
     return {std::make_unique<nn::SGD>(m.parameters(), nn::SGDOptions{.lr = 0.1}), nullptr};
   }
