@@ -217,9 +217,10 @@ LaunchInfo parse_slurm_method(const EnvMap& env) {
   if (has(env, "SLURM_NTASKS_PER_NODE") && get(env, "SLURM_NTASKS_PER_NODE").find_first_not_of("0123456789") == std::string::npos) {
     local_size_var = "SLURM_NTASKS_PER_NODE";
     info.local_world_size = env_int(env, "SLURM_NTASKS_PER_NODE", 1, 1 << 20, hint);
-  } else if (has(env, "SLURM_TASKS_PER_NODE")) {
-    local_size_var = "SLURM_TASKS_PER_NODE";
-    std::vector<int> counts = expand_tasks_per_node(get(env, "SLURM_TASKS_PER_NODE"));
+  } else if (has(env, "SLURM_STEP_TASKS_PER_NODE") || has(env, "SLURM_TASKS_PER_NODE")) {
+    // The step's layout when srun gives it (a step may use part of the allocation).
+    local_size_var = has(env, "SLURM_STEP_TASKS_PER_NODE") ? "SLURM_STEP_TASKS_PER_NODE" : "SLURM_TASKS_PER_NODE";
+    std::vector<int> counts = expand_tasks_per_node(get(env, local_size_var));
     info.local_world_size = info.node_rank < static_cast<int>(counts.size()) ? counts[info.node_rank]
                                                                              : counts.back();
   } else {
@@ -231,7 +232,11 @@ LaunchInfo parse_slurm_method(const EnvMap& env) {
                                    " that ", local_size_var, "='", get(env, local_size_var),
                                    "' gives; launch with srun, or set them consistently"));
   }
-  const std::string nodelist_var = has(env, "SLURM_JOB_NODELIST") ? "SLURM_JOB_NODELIST" : "SLURM_NODELIST";
+  // The step's nodes first: a step that runs on part of the allocation (srun -N1 -w node2
+  // inside a 2-node job) has no task on the job's first node, so no store there.
+  const std::string nodelist_var = has(env, "SLURM_STEP_NODELIST")  ? "SLURM_STEP_NODELIST"
+                                   : has(env, "SLURM_JOB_NODELIST") ? "SLURM_JOB_NODELIST"
+                                                                    : "SLURM_NODELIST";
   if (has(env, "MASTER_ADDR")) {
     info.master_addr = get(env, "MASTER_ADDR");
   } else {
@@ -246,8 +251,12 @@ LaunchInfo parse_slurm_method(const EnvMap& env) {
       throw CommError(detail::concat("SLURM_JOB_ID='", job, "' is not a job number, so no port can ",
                                      "be derived from it; set MASTER_PORT to a free TCP port"));
     }
-    // Lightning's convention: 15000 + the last four digits of the job id.
-    info.master_port = 15000 + static_cast<int>(job_id % 10000);
+    // Lightning's convention, 15000 + the last four digits of the job id, plus the step id,
+    // so that steps running at once in one job (srun ... & srun ... &) do not both take
+    // the same port on the same first node; the first step (0) keeps Lightning's port.
+    long long step_id = 0;
+    if (has(env, "SLURM_STEP_ID") && (!to_int(get(env, "SLURM_STEP_ID"), &step_id) || step_id < 0)) step_id = 0;
+    info.master_port = 15000 + static_cast<int>((job_id % 10000 + step_id % 10000) % 10000);
   }
   info.token = has(env, "RINGTRAIN_JOB_TOKEN")
                    ? get(env, "RINGTRAIN_JOB_TOKEN")

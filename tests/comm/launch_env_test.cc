@@ -97,6 +97,24 @@ TEST(SlurmMethod, MasterIsFirstNodeAndPortFromJobId) {
   EXPECT_EQ(info.master_port, 15000 + 3456);
 }
 
+// A step on part of the allocation (srun -N1 -w node3 in a 4-node job): its store is on the
+// step's first node, and a second step running at the same time gets another port.
+TEST(SlurmMethod, StepNodesAndStepIdDecideTheMaster) {
+  EnvMap env = srun_env();
+  env["SLURM_STEP_NODELIST"] = "node[3,7]";
+  env["SLURM_STEP_TASKS_PER_NODE"] = "2,1";
+  env["SLURM_STEP_ID"] = "2";
+  env["SLURM_NODEID"] = "1";
+  env["SLURM_LOCALID"] = "0";
+  LaunchInfo info = parse_slurm_method(env);
+  EXPECT_EQ(info.master_addr, "node3");
+  EXPECT_EQ(info.master_port, 15000 + 3456 + 2);
+  EXPECT_EQ(info.local_world_size, 1);  // node 1 of the step runs 1 task
+  env["SLURM_JOB_ID"] = "129999";
+  env["SLURM_STEP_ID"] = "1";
+  EXPECT_EQ(parse_slurm_method(env).master_port, 15000);  // wraps within 15000-24999
+}
+
 TEST(SlurmMethod, MasterPortAndAddrOverride) {
   EnvMap env = srun_env();
   env["MASTER_PORT"] = "40000";
