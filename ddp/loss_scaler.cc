@@ -33,6 +33,15 @@ bool LossScaler::any_rank(bool flag) const {
 bool LossScaler::unscale_(const std::vector<Tensor>& grads) {
   RT_CHECK(!unscaled_, "LossScaler::unscale_: already called since the last update(); "
                        "call it at most once per step");
+  if (options_.enabled) {
+    // As GradScaler: dividing float16 gradients in place by the scale flushes the small ones
+    // to zero (the very values scaling exists to keep). O2 keeps float32 master gradients.
+    for (const Tensor& grad : grads)
+      RT_CHECK(!grad.defined() || grad.dtype() != DType::kFloat16,
+               "LossScaler::unscale_: gradient ", grad.describe(), " is float16; unscaling it in place "
+               "would flush small values to zero. Keep float32 gradients (autocast with float32 weights), "
+               "or unscale float32 master gradients (ddp::MasterWeights::copy_grads_to_masters)");
+  }
   unscaled_ = true;
   if (!options_.enabled) return found_inf_ = false;
   const double inverse = 1.0 / scale_;

@@ -91,9 +91,10 @@ TEST(LossScalerTest, NaNCountsAsOverflowAndUnscaleBeforeClipping) {
 }
 
 TEST(LossScalerTest, HalfPrecisionGradientsOverflowLikeOnTheGpu) {
-  // 70000 is beyond float16's max (65504): the scaled gradient is inf in fp16.
+  // 70000 is beyond float16's max (65504): a gradient scaled in fp16 is inf, and its float32
+  // master copy (what O2 unscales) is inf too.
   LossScaler scaler;
-  Tensor grad = full({2}, 70000.0).to(DType::kFloat16);
+  Tensor grad = full({2}, 70000.0).to(DType::kFloat16).to(DType::kFloat32);
   EXPECT_TRUE(scaler.unscale_({grad}));
   scaler.update();
   EXPECT_EQ(scaler.get_scale(), 32768.0);
@@ -153,6 +154,23 @@ TEST(LossScalerTest, LoadingStateNeverChangesWhetherScalingIsOn) {
   nlohmann::json bad = enabled.state_dict();
   bad["growth_tracker"] = 5000;  // beyond growth_interval 2000
   EXPECT_THROW(other.load_state_dict(bad), Error);
+}
+
+// As GradScaler ("Attempting to unscale FP16 gradients"): unscaling float16 gradients in place
+// flushed the small ones to zero (1e-3 / 65536 -> 0); it is now an error naming the fix.
+// bfloat16 has float32's exponent range, so it is allowed.
+TEST(LossScalerTest, Float16GradientsAreNotUnscaledInPlace) {
+  LossScaler scaler;
+  Tensor fp16 = full({2}, 1e-3).to(DType::kFloat16);
+  try {
+    scaler.unscale_({fp16});
+    FAIL() << "unscaled float16 gradients";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("MasterWeights"), std::string::npos) << e.what();
+  }
+  LossScaler other;
+  Tensor bf16 = full({2}, 1.0).to(DType::kBFloat16);
+  EXPECT_FALSE(other.unscale_({bf16}));
 }
 
 // As GradScaler: step() twice without update() is an error, not a second optimizer step.
