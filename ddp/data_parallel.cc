@@ -39,8 +39,9 @@ void DataParallel::sync_replica_state(size_t replica) {
   nn::Module& r = *replicas_[replica];
   r.train(module_->is_training());
   // Parameters: differentiable copies of the originals (their gradients flow home).
-  // Every name, duplicates included: clone() does not keep two names of one tensor
-  // tied, so a replica holds one tensor per name, and each must get its copy.
+  // Every name, duplicates included: a tied weight lives in several modules' slots (the
+  // clone keeps them tied, but assigning through one name replaces only that slot), and
+  // each slot must hold this forward's copy, or that use computes with a stale tensor.
   for (auto& [name, p] : module_->named_parameters(true, /*remove_duplicate=*/false))
     r.param(name) = to_device(p, devices_[replica]);
   // Buffers: this forward's copy of the originals' values.

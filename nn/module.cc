@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <sstream>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "autograd/autograd.h"
@@ -306,16 +307,38 @@ std::shared_ptr<Module> Module::clone_shallow() const {
               ">, so it cannot be copied; derive from nn::Cloneable<YourModule> instead of nn::Module");
 }
 
+struct Module::CloneMemo {
+  std::unordered_map<const Module*, std::shared_ptr<Module>> modules;
+  std::unordered_map<const TensorImpl*, Tensor> tensors;
+};
+
 std::shared_ptr<Module> Module::clone() const {
-  std::shared_ptr<Module> copy = clone_shallow();
+  CloneMemo memo;
   autograd::NoGradGuard no_grad;
-  for (auto& [name, t] : copy->params_) {
-    bool rg = autograd::requires_grad(t);
-    t = autograd::detach(t).clone();
-    autograd::set_requires_grad(t, rg);
-  }
-  for (auto& [name, t] : copy->buffers_) t = t.clone();
-  for (auto& [name, child] : copy->children_) child = child->clone();
+  return clone_into(memo);
+}
+
+std::shared_ptr<Module> Module::clone_into(CloneMemo& memo) const {
+  if (auto it = memo.modules.find(this); it != memo.modules.end()) return it->second;  // shared child
+  std::shared_ptr<Module> copy = clone_shallow();
+  memo.modules.emplace(this, copy);
+  // A tensor held by several modules (tied weights) is copied once.
+  auto copy_of = [&](const Tensor& t, bool parameter) {
+    if (!t.defined()) return t;
+    auto [it, fresh] = memo.tensors.try_emplace(t.unsafe_impl());
+    if (fresh) {
+      if (parameter) {
+        it->second = autograd::detach(t).clone();
+        autograd::set_requires_grad(it->second, autograd::requires_grad(t));
+      } else {
+        it->second = t.clone();
+      }
+    }
+    return it->second;
+  };
+  for (auto& [name, t] : copy->params_) t = copy_of(t, /*parameter=*/true);
+  for (auto& [name, t] : copy->buffers_) t = copy_of(t, /*parameter=*/false);
+  for (auto& [name, child] : copy->children_) child = child->clone_into(memo);
   return copy;
 }
 

@@ -135,7 +135,9 @@ class Module {
   void zero_grad(bool set_to_none = true);
 
   // A deep copy: new parameter/buffer storage with the same values, same
-  // requires_grad, no gradients, children cloned recursively. Needs the concrete
+  // requires_grad, no gradients, children cloned recursively. Sharing survives, as in
+  // copy.deepcopy: a submodule registered twice, or a tensor two modules hold (tied
+  // weights), is copied once and shared the same way in the copy. Needs the concrete
   // class to derive from Cloneable<Derived>.
   std::shared_ptr<Module> clone() const;
 
@@ -190,6 +192,9 @@ class Module {
   std::vector<std::pair<std::string, Tensor>> listing(bool recurse, bool want_params,
                                                       bool remove_duplicate) const;
   void str_into(std::string& out, int indent) const;
+  // clone() with what was copied so far: the originals' modules and tensors -> their copies.
+  struct CloneMemo;
+  std::shared_ptr<Module> clone_into(CloneMemo& memo) const;
 
   std::string type_name_;  // "Linear", "Sequential", ...; used in errors and str()
   bool training_ = true;   // train()/eval() mode, mirrored into every child

@@ -285,6 +285,24 @@ TEST(Module, ReusedSubmoduleIsListedOnceUnderItsFirstName) {
   EXPECT_EQ(twice.named_buffers(true, /*remove_duplicate=*/false).size(), 6u);
 }
 
+// clone() keeps sharing, as copy.deepcopy does: a submodule registered twice and a tensor two
+// modules hold are copied once (before, the copy had two independent weights, so training a
+// clone, e.g. a DataParallel replica or a DDP reference model, was not training the model).
+TEST(Module, CloneKeepsSharedSubmodulesAndTiedTensorsShared) {
+  Generator gen(12);
+  auto shared = make<Linear>(3, 3, true, gen);
+  auto head = make<Linear>(3, 3, false, gen);
+  head->param("weight") = shared->param("weight");  // tied across two modules
+  Sequential seq({shared, make<Tanh>(), shared, head});
+  auto copy = std::static_pointer_cast<Sequential>(seq.clone());
+  EXPECT_TRUE(copy->param("2.bias").is_same(copy->param("0.bias")));      // one Linear, reached twice
+  EXPECT_TRUE(copy->param("3.weight").is_same(copy->param("0.weight")));  // the tie survived
+  EXPECT_FALSE(copy->param("0.weight").is_same(seq.param("0.weight")));   // and it is a copy
+  EXPECT_EQ(max_abs_diff(copy->param("0.weight"), seq.param("0.weight")), 0.0);
+  EXPECT_EQ(copy->parameters().size(), seq.parameters().size());
+  EXPECT_TRUE(autograd::requires_grad(copy->param("0.weight")));
+}
+
 // The optimizer gets the tied weight once (it rejects a list naming a tensor twice)
 // and steps it once: w -= lr * (sum of both uses' gradients).
 TEST(Module, OptimizerStepsATiedWeightOnce) {
