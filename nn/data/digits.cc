@@ -2,6 +2,7 @@
 #include "nn/data/digits.h"
 
 #include <charconv>
+#include <cmath>
 #include <vector>
 
 namespace ringtrain::data {
@@ -45,13 +46,16 @@ TensorDataset load_digits(const DigitsOptions& options) {
       if (ec != std::errc() || ptr != tok.data() + tok.size() || tok.empty()) {
         fail("field " + std::to_string(field + 1) + " is not a number: '" + std::string(tok) + "'");
       }
+      // from_chars also reads "nan" and "inf", and NaN fails every comparison: the checks
+      // say what a value must be, so NaN fails them (and never reaches an integer cast).
+      const bool whole = std::isfinite(value) && value == std::floor(value);
       if (field < kFeatures) {
-        if (value < 0 || value > 16) {
-          fail("pixel " + std::to_string(field + 1) + " = " + std::string(tok) + " is outside 0..16");
+        if (!(whole && value >= 0 && value <= 16)) {
+          fail("pixel " + std::to_string(field + 1) + " = " + std::string(tok) + " is not an integer in 0..16");
         }
         pixels.push_back(static_cast<float>(options.normalize ? value / 16.0 : value));
       } else if (field == kFeatures) {
-        if (value < 0 || value > 9 || value != static_cast<int64_t>(value)) {
+        if (!(whole && value >= 0 && value <= 9)) {
           fail("label " + std::string(tok) + " is not an integer in 0..9");
         }
         labels.push_back(static_cast<int64_t>(value));

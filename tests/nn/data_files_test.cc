@@ -171,7 +171,17 @@ TEST_F(DataFilesTest, DigitsCsvErrorsNameFileAndLine) {
   write("nan.csv", good_row + "x\n");
   expect_file_error([&] { load_digits({.path = path("nan.csv")}); }, path("nan.csv"), "line 1: field 65");
   write("range.csv", "17," + good_row.substr(2) + "3\n");
-  expect_file_error([&] { load_digits({.path = path("range.csv")}); }, path("range.csv"), "outside 0..16");
+  expect_file_error([&] { load_digits({.path = path("range.csv")}); }, path("range.csv"), "integer in 0..16");
+  // from_chars reads "nan" and fractions: NaN failed no comparison and loaded silently, and a
+  // NaN label reached an integer cast (undefined behaviour); now both are named errors.
+  write("nan_pixel.csv", "nan," + good_row.substr(2) + "3\n");
+  expect_file_error([&] { load_digits({.path = path("nan_pixel.csv")}); }, path("nan_pixel.csv"), "pixel 1 = nan");
+  write("half_pixel.csv", "3.5," + good_row.substr(2) + "3\n");
+  expect_file_error([&] { load_digits({.path = path("half_pixel.csv")}); }, path("half_pixel.csv"), "pixel 1 = 3.5");
+  write("nan_label.csv", good_row + "nan\n");
+  expect_file_error([&] { load_digits({.path = path("nan_label.csv")}); }, path("nan_label.csv"), "label nan");
+  write("float_ok.csv", good_row + "3.0\n");  // some copies of the file write ".0"
+  EXPECT_EQ(load_digits({.path = path("float_ok.csv")}).targets().to_vector<int64_t>(), (std::vector<int64_t>{3}));
   write("empty.csv", "");
   expect_file_error([&] { load_digits({.path = path("empty.csv")}); }, path("empty.csv"), "no examples");
   expect_file_error([&] { load_digits({.path = path("missing.csv.gz")}); }, path("missing.csv.gz"),
