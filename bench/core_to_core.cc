@@ -1,0 +1,211 @@
+// core_to_core.cc: how fast data moves between two CPU cores of this machine — the roof
+// of every shared-memory collective, and the number that says which mode a VM is in.
+//
+// Two threads, pinned to two CPUs, measure:
+//   * latency: one cache line bounced between them (a release store, an acquire spin on the
+//     other side), half the round trip;
+//   * stream bandwidth: a producer copies a message into a ring of fixed-size slots and
+//     publishes each slot; the consumer copies it out and frees the slot — the shape of
+//     ShmTransport (comm/shm_transport.cc), with its copy routine (comm::copy_bytes) and its
+//     default slots (128 KiB x 8). Every message is checked on arrival (#wrong).
+//   * single-core memcpy of 64 MiB, for comparison (the memory system, not the interconnect).
+// Medians over repetitions.
+//
+// Why it exists: on the 2-vCPU VM this project is developed on, the ring allreduce has a
+// "slow mode" in which it runs at half speed while memcpy does not change. Run alternately
+// with comm_sweep, this probe showed the stream between the two cores halving (14 -> 6 GB/s)
+// and the line latency quadrupling (55 -> 200 ns) at exactly those times
+// (docs/collective-benchmark.md): the vCPUs' placement on the host, not our code.
+//
+//   build/bench/core_to_core                 # CPUs 0 and 1
+//   build/bench/core_to_core --cpus 2,5 --message 4M --reps 100
+#include <pthread.h>
+#include <sched.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/reduce.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct alignas(64) Flag {
+  std::atomic<uint64_t> value{0};
+};
+
+void pin_to(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  if (pthread_setaffinity_np(pthread_self(), sizeof(set), &set) != 0) {
+    throw std::runtime_error("cannot pin a thread to CPU " + std::to_string(cpu) +
+                             " (is it in this process's affinity mask? see `taskset -p $$`)");
+  }
+}
+
+inline void spin_pause() {
+#if defined(__x86_64__)
+  __builtin_ia32_pause();
+#endif
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Half the round-trip time of one cache line between the two CPUs, in nanoseconds.
+double line_latency_ns(int cpu_a, int cpu_b, int trips) {
+  Flag ping, pong;
+  std::thread other([&] {
+    pin_to(cpu_b);
+    for (uint64_t i = 1; i <= static_cast<uint64_t>(trips); ++i) {
+      while (ping.value.load(std::memory_order_acquire) != i) spin_pause();
+      pong.value.store(i, std::memory_order_release);
+    }
+  });
+  pin_to(cpu_a);
+  auto start = Clock::now();
+  for (uint64_t i = 1; i <= static_cast<uint64_t>(trips); ++i) {
+    ping.value.store(i, std::memory_order_release);
+    while (pong.value.load(std::memory_order_acquire) != i) spin_pause();
+  }
+  double ns = std::chrono::duration<double, std::nano>(Clock::now() - start).count();
+  other.join();
+  return ns / trips / 2;
+}
+
+struct StreamResult {
+  double median_us = 0;
+  int wrong = 0;  // messages that arrived different from what was sent
+};
+
+// The producer on cpu_a sends `reps` messages through `slots` slots of `slot_bytes`; the
+// consumer on cpu_b copies each into its buffer, and checks it once the message is complete.
+StreamResult stream(int cpu_a, int cpu_b, size_t message, size_t slot_bytes, size_t slots, int reps) {
+  std::vector<unsigned char> source(message), sink(message);
+  std::unique_ptr<unsigned char, decltype(&std::free)> ring(
+      static_cast<unsigned char*>(std::aligned_alloc(64, slot_bytes * slots)), &std::free);
+  std::memset(ring.get(), 0, slot_bytes * slots);
+  Flag head, tail, round;  // slots published, slots consumed; the round being checked
+  std::atomic<int> wrong{0};
+  const size_t pieces = (message + slot_bytes - 1) / slot_bytes;
+  std::thread consumer([&] {
+    pin_to(cpu_b);
+    uint64_t k = 0;
+    for (int r = 0; r < reps; ++r) {
+      for (size_t piece = 0; piece < pieces; ++piece, ++k) {
+        // Wait for slot k, copy it out, hand it back.
+        while (head.value.load(std::memory_order_acquire) <= k) spin_pause();
+        const size_t offset = piece * slot_bytes, n = std::min(slot_bytes, message - offset);
+        ringtrain::comm::copy_bytes(sink.data() + offset, ring.get() + (k % slots) * slot_bytes, n);
+        tail.value.store(k + 1, std::memory_order_release);
+      }
+      // The whole message has arrived: it must be what round r sent.
+      for (size_t i = 0; i < message; ++i)
+        if (sink[i] != static_cast<unsigned char>(i * 7 + static_cast<size_t>(r))) {
+          wrong.fetch_add(1);
+          break;
+        }
+      round.value.store(static_cast<uint64_t>(r) + 1, std::memory_order_release);
+    }
+  });
+  pin_to(cpu_a);
+  std::vector<double> times;
+  uint64_t k = 0;
+  for (int r = 0; r < reps; ++r) {
+    // Fill round r's message (untimed), after the consumer checked the previous one.
+    while (round.value.load(std::memory_order_acquire) < static_cast<uint64_t>(r)) spin_pause();
+    for (size_t i = 0; i < message; ++i) source[i] = static_cast<unsigned char>(i * 7 + static_cast<size_t>(r));
+    auto start = Clock::now();
+    for (size_t piece = 0; piece < pieces; ++piece, ++k) {
+      // Wait for a free slot, fill it, publish it.
+      while (k - tail.value.load(std::memory_order_acquire) >= slots) spin_pause();
+      const size_t offset = piece * slot_bytes, n = std::min(slot_bytes, message - offset);
+      ringtrain::comm::copy_bytes(ring.get() + (k % slots) * slot_bytes, source.data() + offset, n);
+      head.value.store(k + 1, std::memory_order_release);
+    }
+    while (tail.value.load(std::memory_order_acquire) < k) spin_pause();  // all consumed
+    times.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+  }
+  consumer.join();
+  return {median(times), wrong.load()};
+}
+
+// Single-core copy of 64 MiB (GB/s), pinned to cpu.
+double memcpy_gbps(int cpu) {
+  pin_to(cpu);
+  const size_t bytes = size_t{64} << 20;
+  std::vector<unsigned char> a(bytes, 1), b(bytes, 0);
+  std::vector<double> seconds;
+  for (int r = 0; r < 5; ++r) {
+    auto start = Clock::now();
+    ringtrain::comm::copy_bytes(b.data(), a.data(), bytes);
+    seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  return static_cast<double>(bytes) / median(seconds) / 1e9;
+}
+
+size_t parse_size(std::string text) {
+  size_t scale = 1;
+  if (!text.empty() && (text.back() == 'K' || text.back() == 'M')) {
+    scale = text.back() == 'K' ? size_t{1} << 10 : size_t{1} << 20;
+    text.pop_back();
+  }
+  return static_cast<size_t>(std::stoull(text)) * scale;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"core_to_core: cache-line latency and slot-stream bandwidth between two CPUs, beside memcpy"};
+  std::vector<int> cpus = {0, 1};
+  std::string message_text = "1M", slot_text = "128K";
+  size_t slots = 8;
+  int reps = 200;
+  app.add_option("--cpus", cpus, "the two CPUs (producer, consumer)")->delimiter(',')->expected(2)->capture_default_str();
+  app.add_option("--message", message_text, "bytes per message (K, M suffixes)")->capture_default_str();
+  app.add_option("--slot-bytes", slot_text, "slot size, as RINGTRAIN_SHM_SLOT_BYTES")->capture_default_str();
+  app.add_option("--slots", slots, "slots in the ring, as RINGTRAIN_SHM_SLOTS")->check(CLI::Range(1, 1024))->capture_default_str();
+  app.add_option("--reps", reps, "messages timed (median)")->check(CLI::Range(1, 1000000))->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    const size_t message = parse_size(message_text), slot_bytes = parse_size(slot_text);
+    if (message == 0 || slot_bytes == 0 || slot_bytes % 64 != 0) {
+      std::fprintf(stderr, "core_to_core: --message must be positive and --slot-bytes a positive multiple of 64\n");
+      return 2;
+    }
+    const unsigned online = std::thread::hardware_concurrency();
+    if (online < 2) {
+      std::printf("SKIP: core_to_core needs two CPUs, this machine has %u\n", online);
+      return 77;
+    }
+    if (cpus[0] == cpus[1] || cpus[0] < 0 || cpus[1] < 0 ||
+        static_cast<unsigned>(std::max(cpus[0], cpus[1])) >= online) {
+      std::fprintf(stderr, "core_to_core: --cpus needs two different CPUs below %u\n", online);
+      return 2;
+    }
+    const double latency = line_latency_ns(cpus[0], cpus[1], 20000);
+    const StreamResult s = stream(cpus[0], cpus[1], message, slot_bytes, slots, reps);
+    const double copy = memcpy_gbps(cpus[0]);
+    std::printf("# core_to_core: CPUs %d -> %d, message %zu B through %zu x %zu B slots, %d reps (median)\n",
+                cpus[0], cpus[1], message, slots, slot_bytes, reps);
+    std::printf("cache-line latency %.0f ns | stream %.1f us = %.2f GB/s | memcpy 64 MiB on CPU %d %.2f GB/s | #wrong %d\n",
+                latency, s.median_us, static_cast<double>(message) / s.median_us / 1e3, cpus[0], copy, s.wrong);
+    return s.wrong == 0 ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "core_to_core: %s\n", e.what());
+    return 2;
+  }
+}
