@@ -363,6 +363,9 @@ std::vector<SubmittedRun> submit_grid(const std::vector<GridRun>& runs, const Gr
     ProcessResult result;
     try {
       result = run_process({sbatch, run.script_path}, std::chrono::seconds(120));
+    } catch (const ProcessTimeoutError& e) {
+      throw SlurmError(std::string("submitting ") + run.script_path + ": " + e.what() +
+                       " (is slurmctld reachable? `scontrol ping` tells); " + already());
     } catch (const SlurmError& e) {
       throw SlurmError(std::string("submitting ") + run.script_path + ": " + e.what() +
                        " (install slurm-client, or set RINGTRAIN_SBATCH); " + already());

@@ -202,6 +202,10 @@ RequeueResult requeue_job(const std::string& requeue_id, const comm::EnvMap& env
   ProcessResult run;
   try {
     run = run_process({scontrol, "requeue", requeue_id}, timeout);
+  } catch (const ProcessTimeoutError& e) {
+    throw SlurmError(std::string("cannot requeue job ") + requeue_id + ": " + e.what() +
+                     " (is slurmctld reachable from this node? `scontrol ping` tells; the job was "
+                     "not requeued, so it ends at its walltime)");
   } catch (const SlurmError& e) {
     throw SlurmError(std::string("cannot requeue job ") + requeue_id + ": " + e.what() +
                      " (install the SLURM client tools, slurm-client / slurm-wlm, or set "

@@ -185,8 +185,8 @@ ProcessResult run_process(const std::vector<std::string>& argv, std::chrono::mil
       if (drain_until == std::chrono::steady_clock::time_point{}) drain_until = now + kDrainAfterExit;
       if (now >= drain_until) break;
     } else if (now >= deadline) {
-      throw SlurmError("'" + program + "' did not finish within " + std::to_string(timeout.count()) +
-                       " ms (killed); output so far: " + result.output);
+      throw ProcessTimeoutError("'" + program + "' did not finish within " + std::to_string(timeout.count()) +
+                                " ms (killed); output so far: " + result.output);
     }
     const auto until = child.exited() ? drain_until : deadline;
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - now);

@@ -25,14 +25,22 @@ class SlurmError : public Error {
   using Error::Error;
 };
 
+// run_process: the program ran but did not finish in time (it was killed). Callers tell
+// this apart from a program that could not be started, whose fix is to install it.
+class ProcessTimeoutError : public SlurmError {
+ public:
+  using SlurmError::SlurmError;
+};
+
 struct ProcessResult {
   int exit_code = -1;   // the child's exit status; 128+N when killed by signal N
   std::string output;   // stdout and stderr, interleaved as written
 };
 
 // Runs argv[0] (looked up in PATH when it has no '/') with the other entries as its
-// arguments, waits at most `timeout` (then kills it and throws). Throws SlurmError when
-// the program cannot be started (its name and the reason: "not found in PATH", ...).
+// arguments, waits at most `timeout` (then kills it and throws ProcessTimeoutError).
+// Throws SlurmError when the program cannot be started (its name and the reason: "not
+// found in PATH", ...).
 // A non-zero exit is not an error here: the caller decides (see exit_code).
 ProcessResult run_process(const std::vector<std::string>& argv,
                           std::chrono::milliseconds timeout = std::chrono::seconds(60));

@@ -256,6 +256,24 @@ TEST_F(FakeScontrol, FailureCarriesScontrolsMessage) {
   }
 }
 
+// A scontrol that hangs (slurmctld unreachable) is a timeout, and the message says so;
+// before, every failure to run it said "install the SLURM client tools".
+TEST_F(FakeScontrol, HangingScontrolIsReportedAsATimeoutNotAMissingTool) {
+  fs::path script = dir_ / "scontrol";
+  std::ofstream(script) << "#!/bin/sh\nexec sleep 30\n";
+  fs::permissions(script, fs::perms::owner_all);
+  comm::EnvMap env = {{"RINGTRAIN_SCONTROL", script.string()}};
+  try {
+    requeue_job("9", env, std::chrono::milliseconds(300));
+    FAIL() << "expected SlurmError";
+  } catch (const SlurmError& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("did not finish within 300 ms"), std::string::npos) << what;
+    EXPECT_NE(what.find("scontrol ping"), std::string::npos) << what;
+    EXPECT_EQ(what.find("install"), std::string::npos) << what;
+  }
+}
+
 TEST_F(FakeScontrol, MissingScontrolAndBadIds) {
   comm::EnvMap env = {{"RINGTRAIN_SCONTROL", (dir_ / "no-such-scontrol").string()}};
   try {
