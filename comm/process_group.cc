@@ -348,7 +348,15 @@ void ProcessGroup::check_same_collective(const Collective& c) {
   for (int r = 0; r < context_.size; ++r) {
     if (issued[r] != issued[0]) differing.push_back(r);
   }
-  if (differing.empty()) return;
+  if (differing.empty()) {
+    // Every rank has published this collective, so every rank is done checking the one
+    // before it: this rank's key for that one will not be read again. Without this the
+    // store would hold one key per rank per collective for the whole run.
+    if (last_checked_seq_ >= 0)
+      context_.store->remove(detail::concat(context_.prefix, "/debug/", last_checked_seq_, "/", context_.rank));
+    last_checked_seq_ = static_cast<int64_t>(c.seq);
+    return;
+  }
   std::string message = detail::concat("collective mismatch at #", c.seq, " (debug mode): ");
   for (int r = 0; r < context_.size; ++r) {
     bool odd = std::count(issued.begin(), issued.end(), issued[r]) <= context_.size / 2;

@@ -214,6 +214,7 @@ class ProcessGroup {
 
   GroupContext context_;
   uint64_t next_seq_ = 0;            // next collective's sequence number (caller side)
+  int64_t last_checked_seq_ = -1;    // debug mode: the previous collective this rank checked
   uint64_t split_count_ = 0;         // splits made so far (store keys)
   std::atomic<bool> failed_{false};
   std::exception_ptr failure_;       // set once, by the comm thread, when failed_

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/init.h"
 #include "comm/socket.h"
 #include "comm/store.h"
 
@@ -245,6 +246,22 @@ TEST(Socket, ConnectToAHostThatDropsSynsEndsAtTheDeadline) {
   EXPECT_LT(waited, 5.0) << "connect ignored its 1.5 s deadline";
   for (int fd : fillers) ::close(fd);
   ::close(listener);
+}
+
+// Debug mode publishes every collective's signature in the store; a key is removed once
+// every rank has moved past it, so a long run keeps two per rank, not one per collective.
+TEST(DebugMode, SignaturesOfCheckedCollectivesAreRemovedFromTheStore) {
+  InitOptions options;
+  options.init_method = "single";
+  options.group.debug_collectives = true;
+  std::shared_ptr<ProcessGroup> group = init_process_group(options);
+  std::vector<float> data(4, 1.0f);
+  for (int i = 0; i < 20; ++i)
+    group->allreduce({data.data(), data.size(), DType::kFloat32, Device::cpu()}, ReduceOp::kSum).wait();
+  int kept = 0;
+  for (int seq = 0; seq < 20; ++seq) kept += group->store().try_get("rt/world/debug/" + std::to_string(seq) + "/0").has_value();
+  EXPECT_EQ(kept, 1);  // only the last one, which the next collective's check will remove
+  EXPECT_TRUE(group->store().try_get("rt/world/debug/19/0").has_value()) << "not the key layout this test expects";
 }
 
 TEST(Store, ClientLearnsWhenServerGoesAway) {
