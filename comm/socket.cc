@@ -158,11 +158,25 @@ Socket Socket::accept(Deadline deadline) const {
     throw CommTimeoutError(detail::concat("timed out waiting for a connection on port ",
                                           local_port()));
   }
+  int error = 0;
+  std::optional<Socket> client = accept_queued(&error);
+  if (!client) {
+    errno = error;
+    SYS_CHECK(-1);
+  }
+  return std::move(*client);
+}
+
+std::optional<Socket> Socket::accept_queued(int* error) const {
   int fd = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-  SYS_CHECK(fd);
+  if (fd < 0) {
+    *error = errno;
+    return std::nullopt;
+  }
+  Socket client(fd);
   int one = 1;
   SYS_CHECK(setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)));
-  return Socket(fd);
+  return client;
 }
 
 int Socket::local_port() const {

@@ -10,6 +10,7 @@
 // rank, because only it knows which rank sits behind the descriptor).
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "comm/types.h"
@@ -40,6 +41,10 @@ class Socket {
   static Socket connect(const std::string& host, int port, Deadline deadline);
   // Waits for one connection until `deadline`.
   Socket accept(Deadline deadline) const;
+  // Accepts a connection that is already queued, without waiting: the socket (with
+  // TCP_NODELAY, as accept gives it), or nullopt with accept4's errno in *error
+  // (EMFILE: out of descriptors, ...), for callers that handle failures themselves.
+  std::optional<Socket> accept_queued(int* error) const;
 
   int fd() const { return fd_; }
   bool valid() const { return fd_ >= 0; }

@@ -1,9 +1,6 @@
 #include "comm/store.h"
 
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
-#include <sys/socket.h>
 
 #include <cerrno>
 #include <cstring>
@@ -122,14 +119,15 @@ void StoreServer::accept_loop() {
     int rc = ::poll(&pfd, 1, 100);
     if (rc <= 0 || stopping_) continue;
     if (pfd.revents & (POLLERR | POLLHUP | POLLNVAL)) break;
-    int fd = ::accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EMFILE || errno == ENFILE) {
+    int error = 0;
+    std::optional<Socket> client = listener_.accept_queued(&error);
+    if (!client) {
+      if (error == EMFILE || error == ENFILE) {
         // The connection stays queued and poll() keeps saying so: without a pause
         // this loop would spin at 100% CPU until a descriptor is freed.
         if (!told_out_of_descriptors) {
           std::cerr << "ringtrain: store on port " << port_ << " cannot accept a connection: "
-                    << std::strerror(errno) << "; it retries every "
+                    << std::strerror(error) << "; it retries every "
                     << kOutOfDescriptorsPause.count() << " ms (raise the limit with ulimit -n, "
                     << "or find what holds the descriptors)\n";
           told_out_of_descriptors = true;
@@ -139,13 +137,10 @@ void StoreServer::accept_loop() {
       // otherwise a connection that vanished between poll and accept: nothing to serve
       continue;
     }
-    Socket client(fd);
-    int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     std::lock_guard<std::mutex> lock(mutex_);
     const uint64_t id = next_client_id_++;
     Client& entry = clients_[id];
-    entry.socket = std::make_unique<Socket>(std::move(client));
+    entry.socket = std::make_unique<Socket>(std::move(*client));
     entry.thread = std::thread([this, id] { serve(id); });
   }
 }

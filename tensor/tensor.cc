@@ -383,8 +383,8 @@ Tensor& Tensor::copy_(const Tensor& src) {
   RT_CHECK(defined() && src.defined(), "Tensor::copy_: undefined tensor");
   Tensor source = src.shape() == shape() ? src : src.expand(shape());
   if (numel() == 0) return *this;
+  if (memory_overlap(*this, source) == MemoryOverlap::kSame) return *this;  // copying a view onto itself
   check_in_place(*this, source, "Tensor::copy_");
-  if (memory_overlap(*this, source) == MemoryOverlap::kSame && dtype() == source.dtype()) return *this;
   bump_version();
   if (device() == source.device()) {
     (device().is_cuda() ? kernels::cuda::copy : kernels::cpu::copy)(*this, source);
