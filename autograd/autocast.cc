@@ -14,7 +14,7 @@ bool autocast_enabled() { return t_enabled; }
 DType autocast_dtype() { return t_dtype; }
 
 AutocastGuard::AutocastGuard(DType dtype, bool enabled) : previous_enabled_(t_enabled), previous_dtype_(t_dtype) {
-  RT_CHECK(dtype == DType::kFloat16 || dtype == DType::kBFloat16, "AutocastGuard: dtype must be float16 or "
+  RT_CHECK(is_reduced_precision_float(dtype), "AutocastGuard: dtype must be float16 or "
            "bfloat16, got ", dtype_name(dtype));
   t_enabled = enabled;
   t_dtype = dtype;

@@ -42,7 +42,7 @@ void reduce_16bit(void* in, void* inout, int* len, MPI_Datatype*) {
 }
 
 MPI_Op mpi_op(DType dtype, ReduceOp op) {
-  if (dtype != DType::kFloat16 && dtype != DType::kBFloat16) {
+  if (!is_reduced_precision_float(dtype)) {
     switch (op) {
       case ReduceOp::kSum:
       case ReduceOp::kAvg: return MPI_SUM;

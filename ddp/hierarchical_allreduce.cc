@@ -72,7 +72,7 @@ CommHook HierarchicalAllreduce::hook() {
   return [this](comm::ProcessGroup& group, Bucket& bucket) -> CommHookResult {
     Tensor flat = bucket.flat;
     const double world = static_cast<double>(world_->size());
-    if (flat.dtype() == DType::kFloat16 || flat.dtype() == DType::kBFloat16) {
+    if (is_reduced_precision_float(flat.dtype())) {
       // Divide before summing: a 16-bit sum of N gradients overflows at 65504 / N.
       div_(flat, world);
       return {allreduce_sum(buffer_of(flat)), nullptr};

@@ -33,7 +33,7 @@ comm::BufferRef buffer_of(const Tensor& t) {
 }
 
 CommHookResult allreduce_average_hook(comm::ProcessGroup& group, Bucket& bucket) {
-  if (bucket.flat.dtype() == DType::kFloat16 || bucket.flat.dtype() == DType::kBFloat16) {
+  if (is_reduced_precision_float(bucket.flat.dtype())) {
     // A 16-bit sum of N gradients overflows at 65504 / N (fp16) although their average
     // would not: divide first, then sum, as PyTorch's reducer (it scales each gradient
     // by 1/N on its way into the bucket) and NCCL's ncclAvg (a pre-multiplied sum) do.

@@ -41,6 +41,10 @@ DType parse_dtype(std::string_view name) {
                               "'; expected one of float32, float64, float16, bfloat16, int32, int64");
 }
 
+bool is_reduced_precision_float(DType dtype) {
+  return dtype == DType::kFloat16 || dtype == DType::kBFloat16;
+}
+
 bool is_floating_point(DType dtype) {
   return dtype == DType::kFloat32 || dtype == DType::kFloat64 || dtype == DType::kFloat16 ||
          dtype == DType::kBFloat16;

@@ -1,6 +1,7 @@
 // dtype.h: the element types a Tensor (and a collective buffer) can hold.
 //
 // defines: DType, dtype_size, dtype_name, parse_dtype, is_floating_point,
+//          is_reduced_precision_float,
 //          Half/BFloat16 storage types with float conversions, dispatch_dtype.
 //
 // Half and BFloat16 are 16-bit storage types with the same bit layout as CUDA's
@@ -28,6 +29,9 @@ const char* dtype_name(DType dtype);
 // Throws std::invalid_argument listing the accepted names.
 DType parse_dtype(std::string_view name);
 bool is_floating_point(DType dtype);
+// float16 or bfloat16: the dtypes with 16-bit storage and an 8-bit or 11-bit
+// significand, which mixed precision computes in and must not accumulate in.
+bool is_reduced_precision_float(DType dtype);
 
 // IEEE binary16 storage. Conversions round to nearest even.
 struct Half {

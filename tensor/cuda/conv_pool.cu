@@ -174,7 +174,7 @@ struct ConvDescriptors {
   }
 
   cudnnMathType_t default_math() const {
-    if (dtype == DType::kFloat16 || dtype == DType::kBFloat16) return CUDNN_TENSOR_OP_MATH;
+    if (is_reduced_precision_float(dtype)) return CUDNN_TENSOR_OP_MATH;
     if (dtype == DType::kFloat32) return CUDNN_FMA_MATH;  // no TF32: match the CPU
     return CUDNN_DEFAULT_MATH;
   }
