@@ -37,4 +37,10 @@ void MasterWeights::copy_masters_to_model() {
   for (size_t i = 0; i < masters_.size(); ++i) model_params_[i].copy_(masters_[i]);
 }
 
+std::vector<std::pair<std::string, Tensor>> MasterWeights::checkpoint_tensors() const {
+  std::vector<std::pair<std::string, Tensor>> named;
+  for (size_t i = 0; i < masters_.size(); ++i) named.emplace_back("master_weights." + std::to_string(i), masters_[i]);
+  return named;
+}
+
 }  // namespace ringtrain::ddp

@@ -19,15 +19,17 @@
 // The optimizer is built on masters.master_params(), never on the model.
 //
 // Checkpoints: save_checkpoint saves the model (half) and the optimizer state (which
-// belongs to the masters). After loading one into the model, call
-// copy_model_to_masters(): otherwise the masters still hold the weights they were
-// constructed from, and the next copy_masters_to_model() would overwrite the loaded
-// model with them. The masters' bits below half precision are not in the checkpoint,
-// so an O2 run resumes from its half weights widened to float32, close to but not
-// bitwise the uninterrupted run (O1 autocast runs, whose weights are float32, resume
-// exactly).
+// belongs to the masters); pass checkpoint_tensors() as the targets' extra_tensors
+// to save and load the masters too. Then a resumed O2 run continues bitwise like
+// the uninterrupted one. A checkpoint without them (or weights set by hand) needs
+// copy_model_to_masters() after loading: otherwise the masters still hold the
+// weights they were constructed from, and the next copy_masters_to_model() would
+// overwrite the loaded model with them; the run then resumes from its half
+// weights widened to float32, close to but not bitwise the uninterrupted run.
 #pragma once
 
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "nn/module.h"
@@ -49,6 +51,9 @@ class MasterWeights {
   // Sets the masters from the model's parameters (widened to float32): after the model
   // was loaded from a checkpoint, or changed by hand.
   void copy_model_to_masters();
+  // The masters by name ("master_weights.<i>"), for CheckpointTargets::extra_tensors:
+  // saving them keeps the bits below half precision, loading writes them in place.
+  std::vector<std::pair<std::string, Tensor>> checkpoint_tensors() const;
 
  private:
   std::vector<Tensor> model_params_;  // the model's own (half) parameters

@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "tensor/safetensors.h"
@@ -34,6 +35,7 @@ constexpr const char* kFormat = "ringtrain-checkpoint";
 constexpr int kFormatVersion = 1;
 constexpr const char* kModelPrefix = "model.";
 constexpr const char* kOptimizerPrefix = "optimizer.";
+constexpr const char* kExtraPrefix = "extra.";
 
 std::string json_path(const std::string& stem) { return stem + ".json"; }
 std::string tensors_path(const std::string& stem) { return stem + ".safetensors"; }
@@ -160,6 +162,14 @@ void save_checkpoint(const std::string& stem, const CheckpointTargets& targets, 
     for (auto& [name, t] : st.tensors) tensors.emplace_back(kOptimizerPrefix + name, t);
     meta["optimizer"] = st.scalars;
   }
+  {
+    std::set<std::string> seen;
+    for (const auto& [name, t] : targets.extra_tensors) {
+      RT_CHECK(t.defined(), "save_checkpoint(", stem, "): extra tensor '", name, "' is undefined");
+      RT_CHECK(seen.insert(name).second, "save_checkpoint(", stem, "): extra tensor '", name, "' given twice");
+      tensors.emplace_back(kExtraPrefix + name, t);
+    }
+  }
   if (targets.scheduler != nullptr) meta["lr_scheduler"] = targets.scheduler->state_dict();
   if (targets.generator != nullptr) {
     meta["rng"] = {{"seed", targets.generator->seed()}, {"offset", targets.generator->offset()}};
@@ -208,9 +218,11 @@ CheckpointInfo load_checkpoint(const std::string& stem, const CheckpointTargets&
   // ---- plan: model ----
   std::map<std::string, Tensor> file_model;
   std::map<std::string, Tensor> file_optim;
+  std::map<std::string, Tensor> file_extra;
   for (const auto& [name, t] : ck.tensors.tensors) {
     if (name.rfind(kModelPrefix, 0) == 0) file_model.emplace(name.substr(6), t);
     else if (name.rfind(kOptimizerPrefix, 0) == 0) file_optim.emplace(name.substr(10), t);
+    else if (name.rfind(kExtraPrefix, 0) == 0) file_extra.emplace(name.substr(6), t);
   }
   StateDict model_state = targets.model->state_dict();
   std::vector<std::string> missing, unexpected, mis_shaped;
@@ -302,6 +314,17 @@ CheckpointInfo load_checkpoint(const std::string& stem, const CheckpointTargets&
     }
   }
 
+  // ---- plan: extra tensors ----
+  for (const auto& [name, t] : targets.extra_tensors) {
+    auto it = file_extra.find(name);
+    if (it == file_extra.end()) {
+      problems.push_back("extra tensor '" + name + "': not in the checkpoint");
+    } else if (!t.defined() || it->second.shape() != t.shape()) {
+      problems.push_back("extra tensor '" + name + "': checkpoint " + shape_str(it->second.shape()) +
+                         ", here " + (t.defined() ? shape_str(t.shape()) : std::string("undefined")));
+    }
+  }
+
   if (!problems.empty()) {
     std::string msg = "checkpoint " + stem + " does not fit this run; nothing was loaded:";
     for (const std::string& p : problems) msg += "\n  " + p;
@@ -321,6 +344,8 @@ CheckpointInfo load_checkpoint(const std::string& stem, const CheckpointTargets&
     for (auto& [name, t] : opt_snapshot.tensors) t = t.clone();
   }
   json sched_snapshot = targets.scheduler ? targets.scheduler->state_dict() : json();
+  std::vector<Tensor> extra_snapshot;
+  for (const auto& [name, t] : targets.extra_tensors) extra_snapshot.push_back(t.clone());
   int stage = 0;
   try {
     targets.model->load_state_dict(to_load, /*strict=*/true);
@@ -335,7 +360,18 @@ CheckpointInfo load_checkpoint(const std::string& stem, const CheckpointTargets&
     for (const auto& [name, gen] : targets.extra_generators) {
       gen->set_state(rng_extra[name]["seed"].get<uint64_t>(), rng_extra[name]["offset"].get<uint64_t>());
     }
+    stage = 4;
+    for (const auto& [name, t] : targets.extra_tensors) {
+      Tensor target = t;
+      target.copy_(file_extra.at(name));
+    }
   } catch (const std::exception& e) {
+    if (stage >= 4) {
+      for (size_t i = 0; i < extra_snapshot.size(); ++i) {
+        Tensor target = targets.extra_tensors[i].second;
+        target.copy_(extra_snapshot[i]);
+      }
+    }
     if (stage >= 1) targets.model->load_state_dict(model_snapshot, true);
     if (stage >= 2 && targets.optimizer != nullptr) targets.optimizer->load_state_dict(opt_snapshot);
     if (stage >= 3 && targets.scheduler != nullptr) targets.scheduler->load_state_dict(sched_snapshot);

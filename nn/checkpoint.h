@@ -7,8 +7,9 @@
 //
 // A checkpoint is two files with one stem, e.g. runs/ckpt-0000001200:
 //   ckpt-0000001200.safetensors  every tensor: "model.<name>" (parameters and
-//                                buffers) and "optimizer.state.<i>.<buf>" (momentum,
-//                                Adam moments); readable by Python's safetensors.
+//                                buffers), "optimizer.state.<i>.<buf>" (momentum,
+//                                Adam moments) and "extra.<name>" (the caller's
+//                                extra tensors); readable by Python's safetensors.
 //   ckpt-0000001200.json         everything else: format version, epoch, step, the
 //                                optimizer's hyperparameters and step counts, the LR
 //                                schedule, the RNG (seed, offset), the model's key
@@ -62,6 +63,10 @@ struct CheckpointTargets {
   // Further named streams, e.g. {"dropout1", &dropout_layer->generator()} for a Dropout
   // built with its own seed. Saved under "rng_extra" in the JSON record.
   std::vector<std::pair<std::string, Generator*>> extra_generators = {};
+  // Further tensors, saved as "extra.<name>" in the .safetensors file and loaded in
+  // place (into the very tensor given here, converted to its dtype; same shape
+  // required), e.g. O2's float32 master weights (ddp::MasterWeights::checkpoint_tensors).
+  std::vector<std::pair<std::string, Tensor>> extra_tensors = {};
 };
 
 // Where training was: the epoch to run next and the global step (optimizer updates so far).
