@@ -39,9 +39,13 @@
 //
 // Pinned host memory (cudaHostAlloc) is cached too: sizes rounded up to a power
 // of two, exact-size free lists, no splitting. A pinned buffer may still be the
-// source or target of an async copy when its owner drops it, so on free we
-// record an event on the current stream of the current device and hand the
-// block out again only once that event has completed.
+// source or target of an async copy when its owner drops it. The code that
+// queues such a copy says on which stream (record_host_stream, like
+// record_stream for device blocks); on free we record an event on each of those
+// streams and hand the block out again only once they have all completed. (An
+// event on "the current stream of the current device" at free time, the first
+// design, guarded the wrong stream whenever the copy ran elsewhere, and made a
+// thread that never chose a device create a context on GPU 0.)
 //
 // Lifetime. The allocator objects are created on first use and deliberately
 // never destroyed: DataPtr deleters may run during static destruction (a global
@@ -55,6 +59,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <unordered_map>
@@ -238,9 +243,8 @@ class CachingAllocator {
   // Records an event on every stream in block.stream_uses (on the block's device).
   // Returns false if the runtime refused; never throws (called from deleters).
   static bool record_use_events(const Block& block, std::vector<cudaEvent_t>* events) {
-    int previous = 0;
-    if (cudaGetDevice(&previous) != cudaSuccess) return false;
-    bool ok = previous == block.device || cudaSetDevice(block.device) == cudaSuccess;
+    detail::QuietDeviceGuard on_device(block.device);
+    bool ok = on_device.ok();
     for (cudaStream_t s : block.stream_uses) {
       if (!ok) break;
       cudaEvent_t e = nullptr;
@@ -249,7 +253,6 @@ class CachingAllocator {
       events->push_back(e);
       ok = cudaEventRecord(e, s) == cudaSuccess;
     }
-    if (previous != block.device) (void)cudaSetDevice(previous);
     if (!ok) (void)cudaGetLastError();
     return ok;
   }
@@ -392,10 +395,22 @@ class PinnedHostAllocator {
     reclaim_completed();
     auto& free_list = free_[size];
     if (!free_list.empty()) {
-      void* ptr = free_list.back();
+      char* ptr = free_list.back();
       free_list.pop_back();
-      sizes_[ptr] = size;
+      live_[ptr] = LiveBlock{size, {}};
       return ptr;
+    }
+    // cudaHostAlloc works in the current device's context, creating it if need
+    // be: on a thread that never chose a device (the DataLoader's prefetch
+    // thread) that would be a new context on GPU 0. Pinned memory serves every
+    // device alike (unified addressing), so borrow one that has a context already.
+    std::optional<DeviceGuard> in_existing_context;
+    if (int current = 0; cudaGetDevice(&current) == cudaSuccess && !has_primary_context(current)) {
+      for (int d = 0; d < device_count(); ++d) {
+        if (!has_primary_context(d)) continue;
+        in_existing_context.emplace(d);
+        break;
+      }
     }
     void* ptr = nullptr;
     cudaError_t status = cudaHostAlloc(&ptr, size, cudaHostAllocDefault);
@@ -404,44 +419,72 @@ class PinnedHostAllocator {
       throw Error(::ringtrain::detail::concat("cudaHostAlloc of ", bytes_str(size),
                                  " pinned host bytes failed: ", cudaGetErrorString(status)));
     }
-    sizes_[ptr] = size;
+    live_[static_cast<char*>(ptr)] = LiveBlock{size, {}};
     return ptr;
+  }
+
+  bool record_stream(const void* ptr, const Stream& stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    // The block holding ptr: the last one starting at or before it, if ptr is inside.
+    auto it = live_.upper_bound(static_cast<char*>(const_cast<void*>(ptr)));
+    if (it == live_.begin()) return false;
+    --it;
+    if (static_cast<const char*>(ptr) >= it->first + it->second.size) return false;
+    StreamUse use{stream.device(), static_cast<cudaStream_t>(stream.handle())};
+    for (const StreamUse& u : it->second.uses)
+      if (u.device == use.device && u.stream == use.stream) return true;
+    it->second.uses.push_back(use);
+    return true;
   }
 
   // Called from DataPtr deleters: must not throw.
   void free(void* ptr) noexcept {
     if (ptr == nullptr) return;
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = sizes_.find(ptr);
-    if (it == sizes_.end()) return;
-    size_t size = it->second;
-    sizes_.erase(it);
-    // Guard against an async copy still reading/writing the buffer: reuse it only
-    // after the work queued so far on the current stream has finished.
-    cudaEvent_t event = nullptr;
-    int device = 0;
-    if (cudaGetDevice(&device) == cudaSuccess &&
-        cudaEventCreateWithFlags(&event, cudaEventDisableTiming) == cudaSuccess) {
-      void* stream = nullptr;
-      try {
-        stream = current_stream(device).handle();
-      } catch (...) {
-        stream = nullptr;
-      }
-      if (cudaEventRecord(event, static_cast<cudaStream_t>(stream)) == cudaSuccess) {
-        pending_.push_back({event, ptr, size});
-        return;
-      }
-      (void)cudaEventDestroy(event);
+    auto it = live_.find(static_cast<char*>(ptr));
+    if (it == live_.end()) return;
+    char* block = it->first;
+    LiveBlock live = std::move(it->second);
+    live_.erase(it);
+    // An async copy queued on a recorded stream may still read or write the
+    // buffer: hand it out again only once that stream's work so far is done.
+    Pending pending{{}, block, live.size};
+    bool ok = true;
+    for (const StreamUse& use : live.uses) {
+      detail::QuietDeviceGuard on_device(use.device);
+      cudaEvent_t event = nullptr;
+      ok = on_device.ok() && cudaEventCreateWithFlags(&event, cudaEventDisableTiming) == cudaSuccess;
+      if (!ok) break;
+      pending.events.push_back(event);
+      ok = cudaEventRecord(event, use.stream) == cudaSuccess;
+      if (!ok) break;
     }
-    (void)cudaGetLastError();
-    free_[size].push_back(ptr);
+    if (ok && !pending.events.empty()) {
+      pending_.push_back(std::move(pending));
+      return;
+    }
+    if (!ok) {
+      // The runtime refused an event: wait for the streams themselves instead.
+      (void)cudaGetLastError();
+      for (const StreamUse& use : live.uses) (void)cudaStreamSynchronize(use.stream);
+      (void)cudaGetLastError();
+      for (cudaEvent_t e : pending.events) (void)cudaEventDestroy(e);
+    }
+    free_[live.size].push_back(block);
   }
 
  private:
+  struct StreamUse {
+    int device;
+    cudaStream_t stream;
+  };
+  struct LiveBlock {
+    size_t size;
+    std::vector<StreamUse> uses;  // streams whose queued work touches the block
+  };
   struct Pending {
-    cudaEvent_t event;
-    void* ptr;
+    std::vector<cudaEvent_t> events;  // one per recorded stream
+    char* ptr;
     size_t size;
   };
 
@@ -453,23 +496,29 @@ class PinnedHostAllocator {
 
   void reclaim_completed() {
     for (auto it = pending_.begin(); it != pending_.end();) {
-      cudaError_t status = cudaEventQuery(it->event);
-      if (status == cudaErrorNotReady) {
-        (void)cudaGetLastError();
+      bool done = true;
+      for (cudaEvent_t e : it->events) {
+        cudaError_t status = cudaEventQuery(e);
+        (void)cudaGetLastError();  // not ready is an answer; an error means the event is unusable
+        if (status == cudaErrorNotReady) {
+          done = false;
+          break;
+        }
+      }
+      if (!done) {
         ++it;
         continue;
       }
-      (void)cudaGetLastError();  // an error here means the event is unusable: reuse anyway
-      (void)cudaEventDestroy(it->event);
+      for (cudaEvent_t e : it->events) (void)cudaEventDestroy(e);
       free_[it->size].push_back(it->ptr);
       it = pending_.erase(it);
     }
   }
 
   std::mutex mutex_;
-  std::map<size_t, std::vector<void*>> free_;  // size class -> cached buffers
-  std::unordered_map<void*, size_t> sizes_;    // buffers handed out
-  std::vector<Pending> pending_;               // freed, waiting for their event
+  std::map<size_t, std::vector<char*>> free_;  // size class -> cached buffers
+  std::map<char*, LiveBlock> live_;            // buffers handed out, by start address
+  std::vector<Pending> pending_;               // freed, waiting for their events
 };
 
 PinnedHostAllocator& host_allocator() {
@@ -494,6 +543,11 @@ DataPtr pinned_host_allocate(size_t nbytes) {
 void record_stream(void* ptr, const Stream& stream) {
   if (ptr == nullptr) return;  // empty tensors own no block
   device_allocator().record_stream(ptr, stream);
+}
+
+bool record_host_stream(const void* ptr, const Stream& stream) {
+  if (ptr == nullptr || !is_available()) return false;
+  return host_allocator().record_stream(ptr, stream);
 }
 
 AllocatorStats allocator_stats(int device) { return device_allocator().stats(device); }

@@ -12,7 +12,8 @@
 // contiguous staging buffers:
 //   host -> device: cudaMemcpyAsync on the device's current stream. For
 //     pageable host memory the call returns once the source has been staged,
-//     so the caller may free its buffer at once.
+//     so the caller may free its buffer at once. A pinned source is read later,
+//     by the stream, so the copy is recorded on its block (record_host_stream).
 //   device -> host: cudaMemcpyAsync, then the stream is synchronised: the
 //     caller reads the bytes as soon as we return (to_vector, printing).
 //   device -> device, same GPU: cudaMemcpyAsync on the current stream.
@@ -123,7 +124,12 @@ void memcpy_bytes(void* dst, Device dst_device, const void* src, Device src_devi
   if (dst_device.is_cuda() && src_device.is_cpu()) {
     require_cuda(kOp, dst_device.index);
     DeviceGuard guard(dst_device.index);
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, raw_stream(dst_device.index)));
+    ringtrain::cuda::Stream stream = ringtrain::cuda::current_stream(dst_device.index);
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice,
+                               static_cast<cudaStream_t>(stream.handle())));
+    // A pinned source is read when the stream gets to the copy, not now: its
+    // buffer must not be handed out again before then (a no-op for pageable memory).
+    ringtrain::cuda::record_host_stream(src, stream);
     return;
   }
   if (dst_device.is_cpu() && src_device.is_cuda()) {

@@ -38,6 +38,7 @@ int device_count() { return 0; }
 const char* unavailable_reason() { return kReason; }
 void set_device(int) { no_cuda("cuda::set_device"); }
 void synchronize_device(int) { no_cuda("cuda::synchronize_device"); }
+bool has_primary_context(int) { return false; }
 
 // ---------------------------------------------------------------- Stream
 
@@ -98,6 +99,7 @@ DataPtr caching_allocate(size_t, int device) {
 }
 void record_stream(void*, const Stream&) { no_cuda("cuda::record_stream"); }
 DataPtr pinned_host_allocate(size_t) { no_cuda("cuda::pinned_host_allocate"); }
+bool record_host_stream(const void*, const Stream&) { return false; }  // no pinned blocks exist
 AllocatorStats allocator_stats(int) { return {}; }
 void empty_cache() {}
 

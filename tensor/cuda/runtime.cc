@@ -23,6 +23,13 @@
 // The table does not own the streams: whoever called set_current_stream keeps
 // the owning Stream alive (StreamGuard makes that a scope).
 //
+// Devices. DeviceGuard sets a device for a scope and restores the previous one
+// only if that device already has a context (see runtime.h). Whether it has one
+// is a driver question (cuDevicePrimaryCtxGetState); the runtime API has no
+// equivalent, and linking libcuda directly would stop our binaries from even
+// loading on machines without a driver, so the two driver functions are looked
+// up at run time through cudaGetDriverEntryPointByVersion.
+//
 // Events. An Event is created lazily on its first record() when it was
 // default-constructed, like PyTorch's: that lets code hold an Event member
 // without knowing the device up front. An event never recorded counts as
@@ -76,6 +83,38 @@ std::vector<void*>& current_streams() {
 
 void check_device(int device, const char* op) { detail::require_cuda(op, device); }
 
+// The driver's cuDeviceGet and cuDevicePrimaryCtxGetState (CUdevice is an int and
+// CUresult an enum whose success is 0), looked up once.
+struct DriverContextQuery {
+  using DeviceGetFn = int (*)(int* device, int ordinal);
+  using PrimaryCtxGetStateFn = int (*)(int device, unsigned int* flags, int* active);
+  DeviceGetFn device_get = nullptr;
+  PrimaryCtxGetStateFn primary_ctx_get_state = nullptr;
+};
+
+const DriverContextQuery& driver_context_query() {
+  static DriverContextQuery query;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* device_get = nullptr;
+    void* get_state = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuDeviceGet", &device_get, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess ||
+        cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &get_state, 12000,
+                                         cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return;  // unknown: has_primary_context answers true, the old safe behaviour
+    }
+    query.device_get = reinterpret_cast<DriverContextQuery::DeviceGetFn>(device_get);
+    query.primary_ctx_get_state =
+        reinterpret_cast<DriverContextQuery::PrimaryCtxGetStateFn>(get_state);
+  });
+  return query;
+}
+
 }  // namespace
 
 bool is_available() { return probe().count > 0; }
@@ -88,6 +127,19 @@ const char* unavailable_reason() {
 void set_device(int index) {
   check_device(index, "cuda::set_device");
   CUDA_CHECK(cudaSetDevice(index));
+}
+
+bool has_primary_context(int device) {
+  if (!is_available() || device < 0 || device >= device_count()) return false;
+  const DriverContextQuery& driver = driver_context_query();
+  // Without the driver functions we cannot tell; "yes" keeps restoring the device.
+  if (driver.primary_ctx_get_state == nullptr) return true;
+  int handle = 0;
+  unsigned int flags = 0;
+  int active = 0;
+  if (driver.device_get(&handle, device) != 0) return true;
+  if (driver.primary_ctx_get_state(handle, &flags, &active) != 0) return true;
+  return active != 0;
 }
 
 void synchronize_device(int index) {
@@ -256,8 +308,26 @@ DeviceGuard::DeviceGuard(int index) {
 
 DeviceGuard::~DeviceGuard() {
   // A destructor must not throw; restoring can only fail if the runtime is gone.
-  if (previous_ != current_) (void)cudaSetDevice(previous_);
+  if (previous_ != current_ && has_primary_context(previous_)) (void)cudaSetDevice(previous_);
 }
+
+namespace detail {
+
+QuietDeviceGuard::QuietDeviceGuard(int index) noexcept {
+  if (cudaGetDevice(&previous_) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return;
+  }
+  ok_ = previous_ == index || cudaSetDevice(index) == cudaSuccess;
+  if (!ok_) (void)cudaGetLastError();
+  current_ = ok_ ? index : previous_;
+}
+
+QuietDeviceGuard::~QuietDeviceGuard() {
+  if (previous_ != current_ && has_primary_context(previous_)) (void)cudaSetDevice(previous_);
+}
+
+}  // namespace detail
 
 StreamGuard::StreamGuard(const Stream& stream) : device_(stream.device()) {
   previous_ = current_stream(device_).handle();

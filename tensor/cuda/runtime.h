@@ -33,9 +33,15 @@ int device_count();  // 0 when !is_available()
 const char* unavailable_reason();
 void set_device(int index);
 void synchronize_device(int index);
+// True when `device`'s primary context exists in this process, i.e. something has
+// already used that GPU here. Asking never creates a context. false without CUDA.
+bool has_primary_context(int device);
 
-// Makes `index` the current CUDA device for this scope and restores the previous
-// one on exit. Not copyable or movable: it guards one scope.
+// Makes `index` the current CUDA device for this scope and, on exit, restores the
+// previous one if that device has a context (PyTorch's rule, MaybeSetDevice). A
+// thread that never chose a device reads as "device 0"; restoring that would make
+// CUDA create a context on GPU 0 in every process that only ever uses another GPU,
+// so such a thread stays on `index`. Not copyable or movable: it guards one scope.
 class DeviceGuard {
  public:
   explicit DeviceGuard(int index);
@@ -127,6 +133,13 @@ DataPtr caching_allocate(size_t nbytes, int device);
 void record_stream(void* ptr, const Stream& stream);
 // Page-locked host memory (cudaHostAlloc), cached the same way.
 DataPtr pinned_host_allocate(size_t nbytes);
+// The pinned counterpart of record_stream: declares that the pinned block holding
+// `ptr` (any address inside a pinned_host_allocate buffer) is read or written by
+// work queued on `stream` so far. When the buffer is freed, it is handed out again
+// only after that work has finished. Every async copy from or to a pinned buffer
+// calls it (memcpy_bytes does); a buffer nobody recorded is reused at once. Returns
+// false, and does nothing, when `ptr` is not in a pinned block (pageable memory).
+bool record_host_stream(const void* ptr, const Stream& stream);
 
 struct AllocatorStats {
   uint64_t cuda_malloc_calls = 0;  // cudaMalloc calls made since start

@@ -11,16 +11,28 @@
 //    not shared across streams, record_stream defers reuse of a block another
 //    stream read until that stream is done, and a training-like loop (forward, backward-ish
 //    matmuls, reductions, a loss read back to the host) performs no cudaMalloc
-//    after its warm-up iterations; pinned host buffers are cached too;
+//    after its warm-up iterations; pinned host buffers are cached too, and one
+//    freed while an async copy on another stream may still read it is not
+//    handed out again before that copy ran;
+//  * contexts: has_primary_context tells whether a GPU was used, and neither
+//    DeviceGuard nor a pinned allocation on a fresh thread leaves a context on
+//    a GPU the process never used (two GPUs);
 //  * clear errors: a nonexistent device index, mixing devices.
 // Without a usable GPU the GPU tests skip with the runtime's reason, and one
 // test checks instead that GPU requests fail with that reason.
 //
 // Label: cuda.
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
+
+#if RINGTRAIN_TEST_HAS_CUDA
+#include <cuda_runtime.h>
+#endif
 
 #include "tensor/storage.h"
 #include "tests/tensor/cuda_test_util.h"
@@ -36,6 +48,36 @@ using cuda_test::kFloatTypes;
 
 const DType kAllTypes[] = {DType::kFloat32, DType::kFloat64, DType::kFloat16,
                            DType::kBFloat16, DType::kInt32, DType::kInt64};
+
+#if RINGTRAIN_TEST_HAS_CUDA
+// Holds a stream at a host callback until release(): work queued behind it waits
+// for as long as the test needs, deterministically (a long kernel only probably would).
+class StreamBlocker {
+ public:
+  explicit StreamBlocker(const cuda::Stream& stream) {
+    EXPECT_EQ(cudaLaunchHostFunc(static_cast<cudaStream_t>(stream.handle()), &StreamBlocker::hold, this),
+              cudaSuccess);
+  }
+  ~StreamBlocker() { release(); }
+  StreamBlocker(const StreamBlocker&) = delete;
+  StreamBlocker& operator=(const StreamBlocker&) = delete;
+  void release() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    released_ = true;
+    changed_.notify_all();
+  }
+
+ private:
+  static void CUDART_CB hold(void* self) {  // runs on a CUDA thread; must not call CUDA
+    auto* blocker = static_cast<StreamBlocker*>(self);
+    std::unique_lock<std::mutex> lock(blocker->mutex_);
+    blocker->changed_.wait(lock, [&] { return blocker->released_; });
+  }
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool released_ = false;
+};
+#endif
 
 // ---------------------------------------------------------------- without a GPU
 
@@ -326,6 +368,75 @@ TEST_F(CudaTest, PinnedHostBuffersAreCachedAndUsable) {
   cuda::synchronize_device(0);  // the freed buffer's event completes
   DataPtr again = allocate_pinned_host_bytes(1 << 20);
   EXPECT_EQ(again.get(), first);
+}
+
+// The freed buffer's reuse must wait for the stream the copy was queued on, not for
+// whatever stream is current when the buffer is dropped: here the copy waits on a
+// side stream while the legacy default stream (current at free time) is idle.
+TEST_F(CudaTest, PinnedBufferIsNotReusedWhileACopyOnAnotherStreamMayStillReadIt) {
+#if RINGTRAIN_TEST_HAS_CUDA
+  constexpr size_t kBytes = 1 << 20;
+  cuda::Stream side = cuda::Stream::create(0);
+  DataPtr dev = cuda::caching_allocate(kBytes, 0);
+  std::vector<float> expected(kBytes / sizeof(float));
+  for (size_t i = 0; i < expected.size(); ++i) expected[i] = 0.25f * static_cast<float>(i % 4096);
+  void* first = nullptr;
+  StreamBlocker blocker(side);
+  {
+    DataPtr pinned = allocate_pinned_host_bytes(kBytes);
+    first = pinned.get();
+    std::memcpy(pinned.get(), expected.data(), kBytes);
+    cuda::StreamGuard on_side(side);
+    kernels::cuda::memcpy_bytes(dev.get(), kCuda, pinned.get(), Device::cpu(), kBytes);
+  }  // dropped while the copy that reads it is still queued behind the blocker
+  DataPtr next = allocate_pinned_host_bytes(kBytes);
+  EXPECT_NE(next.get(), first) << "the pinned buffer was handed out again before the copy reading it ran";
+  std::memset(next.get(), 0xff, kBytes);  // what the next batch would do to it
+  blocker.release();
+  side.synchronize();
+  std::vector<float> back(expected.size());
+  kernels::cuda::memcpy_bytes(back.data(), Device::cpu(), dev.get(), kCuda, kBytes);
+  EXPECT_EQ(back, expected);
+  // Once the copy has run, the buffer is cached again: two requests get both buffers back.
+  next.reset();
+  DataPtr a = allocate_pinned_host_bytes(kBytes);
+  DataPtr b = allocate_pinned_host_bytes(kBytes);
+  EXPECT_TRUE(a.get() == first || b.get() == first);
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
+}
+
+// ---------------------------------------------------------------- contexts
+//
+// ctest runs every test case in a process of its own (gtest_discover_tests), and
+// the fixture only asks whether a GPU exists, which creates no context: so these
+// start with no context on any GPU.
+
+TEST_F(CudaTest, PrimaryContextIsReportedOnceTheGpuIsUsed) {
+  EXPECT_FALSE(cuda::has_primary_context(0)) << "run this test case in a process of its own (ctest does)";
+  Tensor t = ones({4}, DType::kFloat32, kCuda);
+  EXPECT_TRUE(cuda::has_primary_context(0));
+  EXPECT_FALSE(cuda::has_primary_context(cuda::device_count()));  // no such device
+  EXPECT_FALSE(cuda::has_primary_context(-1));
+}
+
+// A rank that uses only cuda:1 must not hold a context on GPU 0: its comm thread,
+// prefetch thread and deleters run on threads that never chose a device.
+TEST_F(CudaTest, FreshThreadsLeaveNoContextOnAGpuTheyNeverUsed) {
+  if (cuda::device_count() < 2) GTEST_SKIP() << "needs two GPUs (this machine has " << cuda::device_count() << ")";
+  ASSERT_FALSE(cuda::has_primary_context(0)) << "run this test case in a process of its own (ctest does)";
+  const Device second = Device::cuda(1);
+  std::thread([&] { Tensor t = ones({4}, DType::kFloat32, second); }).join();  // DeviceGuard(1), then exit
+  EXPECT_TRUE(cuda::has_primary_context(1));
+  std::thread([&] {  // a pinned batch made and copied on a fresh thread, as the DataLoader does
+    DataPtr pinned = allocate_pinned_host_bytes(4096);
+    std::memset(pinned.get(), 0, 4096);
+    DataPtr dev = cuda::caching_allocate(4096, 1);
+    kernels::cuda::memcpy_bytes(dev.get(), second, pinned.get(), Device::cpu(), 4096);
+  }).join();
+  std::thread([&] { cuda::synchronize_device(1); cuda::Event e = cuda::Event::create(1); }).join();
+  EXPECT_FALSE(cuda::has_primary_context(0)) << "something made a context on GPU 0";
 }
 
 // ---------------------------------------------------------------- errors
