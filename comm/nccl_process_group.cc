@@ -1,12 +1,29 @@
 // nccl_process_group.cc: NcclProcessGroup, NCCL (CUDA builds only).
 //
-// The group owns one NCCL communicator (NcclComm, RAII: ncclCommDestroy, or
-// ncclCommAbort after a failure) and one CUDA stream of its own. The unique id
-// NCCL needs to bootstrap is made by rank 0 and shared through the store.
-// Each collective is launched on the group's stream; the comm thread then
-// records an event and polls it, checking ncclCommGetAsyncError and the
-// deadline, so a hung NCCL kernel becomes a CommTimeoutError (and an abort of
-// the communicator) instead of a hang. Before the NCCL call the group's stream
+// The group owns one NCCL communicator (NcclComm, RAII: ncclCommFinalize +
+// ncclCommDestroy, or ncclCommAbort after a failure) and one CUDA stream of its
+// own. The unique id NCCL needs to bootstrap is made by rank 0 and shared
+// through the store.
+//
+// Nothing waits inside NCCL. The communicator is created nonblocking
+// (ncclConfig_t::blocking = 0): every NCCL call returns at once, with
+// ncclInProgress while it is still working, and we poll ncclCommGetAsyncError.
+// So a member that dies before ncclCommInitRankConfig completes costs the
+// others at most the group's timeout (and less if it published an error),
+// where the blocking ncclCommInitRank would wait forever. Each collective is
+// launched on the group's stream; the comm thread then records an event and
+// polls it, checking ncclCommGetAsyncError and the deadline, so a hung NCCL
+// kernel becomes a CommTimeoutError (and an abort of the communicator)
+// instead of a hang.
+//
+// Aborts from other threads. NCCL forbids using one communicator from two
+// threads at once, and ncclCommAbort is a use. ProcessGroup::abort() and
+// split() may fail the group from the caller's thread while the comm thread
+// is polling a collective, so every use of the communicator holds NcclComm's
+// mutex; abort() raises a flag first, the comm thread's poll loops see it,
+// abort the communicator themselves and give up, and the mutex then lets
+// abort() through to a communicator that is already aborted (or, if the comm
+// thread was idle, abort it itself). Before the NCCL call the group's stream
 // waits, on the device, for the event the caller's stream recorded when the
 // collective was issued (Collective::ready_event), so the inputs are ready and
 // no thread blocks on them.
@@ -26,7 +43,10 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstring>
+#include <functional>
+#include <mutex>
 #include <thread>
 
 #include "comm/backends.h"
@@ -62,45 +82,113 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
-// Owns an ncclComm_t.
+// Owns an ncclComm_t made nonblocking, and serialises its use (file comment).
 class NcclComm {
  public:
+  // Runs between polls; throws to give up waiting (deadline, a member that failed).
+  using Check = std::function<void()>;
+
   NcclComm() = default;
-  ~NcclComm() { reset(); }
-  NcclComm(NcclComm&& other) noexcept : comm_(other.comm_), aborted_(other.aborted_) {
-    other.comm_ = nullptr;
-  }
-  NcclComm& operator=(NcclComm&& other) noexcept {
-    if (this != &other) {
-      reset();
-      comm_ = other.comm_;
-      aborted_ = other.aborted_;
-      other.comm_ = nullptr;
-    }
-    return *this;
-  }
+  ~NcclComm() { shut_down(); }
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
 
-  static NcclComm init(int size, const ncclUniqueId& id, int rank) {
-    NcclComm comm;
-    NCCL_CHECK(ncclCommInitRank(&comm.comm_, size, id, rank));
-    return comm;
+  void init(int size, const ncclUniqueId& id, int rank, const Check& check) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    settle(ncclCommInitRankConfig(&comm_, size, id, rank, &config), "ncclCommInitRankConfig", check);
   }
+
+  // Held by the comm thread around every use of get().
+  std::unique_lock<std::mutex> lock() { return std::unique_lock<std::mutex>(mutex_); }
   ncclComm_t get() const { return comm_; }
-  // After a failure: kills outstanding kernels; the destructor then only forgets the handle.
+
+  // Waits, with the lock held, until a call that answered `result` has taken
+  // effect: a nonblocking call may answer ncclInProgress, and no other call may
+  // follow until the communicator's state says ncclSuccess. Throws (after
+  // aborting the communicator) on an NCCL error, on abort(), or when `check` does.
+  void settle(ncclResult_t result, const char* call, const Check& check) {
+    while (true) {
+      if (result == ncclSuccess) {
+        give_up_if_aborted(call);
+        return;
+      }
+      if (result != ncclInProgress) {
+        std::string message = detail::concat("nccl backend: ", call, " failed: ",
+                                             ncclGetErrorString(result));
+        if (const char* last = ncclGetLastError(comm_); last != nullptr && *last != '\0')
+          message += detail::concat(" (", last, ")");
+        abort_locked();
+        throw CommError(message);
+      }
+      give_up_if_aborted(call);
+      try {
+        check();
+      } catch (...) {
+        abort_locked();
+        throw;
+      }
+      std::this_thread::yield();
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t asked = ncclCommGetAsyncError(comm_, &state);
+      result = asked != ncclSuccess ? asked : state;
+    }
+  }
+
+  // With the lock held, in a poll loop: an abort() requested by another thread
+  // aborts the communicator here and ends the wait.
+  void give_up_if_aborted(const char* during) {
+    if (!abort_requested_.load(std::memory_order_acquire)) return;
+    abort_locked();
+    throw CommError(detail::concat("nccl backend: ", during,
+                                   " was interrupted: the process group was aborted"));
+  }
+
+  bool abort_requested() const { return abort_requested_.load(std::memory_order_acquire); }
+
+  // Any thread: kills outstanding kernels and frees the communicator.
   void abort() {
-    if (comm_ && !aborted_) ncclCommAbort(comm_);
+    abort_requested_.store(true, std::memory_order_release);
+    std::lock_guard<std::mutex> lock(mutex_);  // the comm thread lets go at its next poll
+    abort_locked();
+  }
+  // With the lock held.
+  void abort_locked() {
+    if (comm_ != nullptr && !aborted_) (void)ncclCommAbort(comm_);
     aborted_ = true;
   }
 
  private:
-  void reset() {
-    if (comm_ && !aborted_) ncclCommDestroy(comm_);
+  // A healthy communicator is finalized (its outstanding work flushed) and
+  // destroyed; one that does not settle within kFinalizeGrace, or that failed, is aborted.
+  void shut_down() noexcept {
+    static constexpr auto kFinalizeGrace = std::chrono::seconds(30);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (comm_ == nullptr) return;
+    if (!aborted_) {
+      ncclResult_t result = ncclCommFinalize(comm_);
+      for (const auto until = Clock::now() + kFinalizeGrace;
+           result == ncclInProgress && Clock::now() < until;) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        ncclResult_t state = ncclSuccess;
+        const ncclResult_t asked = ncclCommGetAsyncError(comm_, &state);
+        result = asked != ncclSuccess ? asked : state;
+      }
+      if (result == ncclSuccess) {
+        (void)ncclCommDestroy(comm_);
+        comm_ = nullptr;
+        return;
+      }
+    }
+    abort_locked();
     comm_ = nullptr;
   }
+
+  std::mutex mutex_;
   ncclComm_t comm_ = nullptr;
-  bool aborted_ = false;
+  bool aborted_ = false;                    // guarded by mutex_
+  std::atomic<bool> abort_requested_{false};  // read by poll loops without taking mutex_ again
 };
 
 class NcclProcessGroup final : public ProcessGroup {
@@ -118,12 +206,33 @@ class NcclProcessGroup final : public ProcessGroup {
       NCCL_CHECK(ncclGetUniqueId(&id));
       store().set(key, std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
     } else {
-      std::string bytes = store().get(key, options().timeout);
+      // In slices: a rank 0 that failed first is reported as such, not as a timeout.
+      std::string bytes = await_member_key(key, "rank 0's NCCL unique id");
       RT_CHECK(bytes.size() == sizeof(id), "nccl backend: the unique id in the store has ",
                bytes.size(), " bytes, expected ", sizeof(id));
       std::memcpy(&id, bytes.data(), sizeof(id));
     }
-    comm_ = NcclComm::init(size(), id, rank());
+    // Every member must reach this call; one that never does (it died, or failed
+    // before it) would leave the others waiting. So: a deadline, and a look at
+    // the store for a member's published error every kMemberCheckEvery.
+    static constexpr auto kMemberCheckEvery = std::chrono::milliseconds(250);
+    const Deadline deadline = Clock::now() + options().timeout;
+    Deadline next_member_check = Clock::now() + kMemberCheckEvery;
+    comm_.init(size(), id, rank(), [&] {
+      const auto now = Clock::now();
+      if (now >= next_member_check) {
+        next_member_check = now + kMemberCheckEvery;
+        throw_if_member_failed("NCCL communicator creation (ncclCommInitRankConfig)");
+      }
+      if (now >= deadline) {
+        throw CommTimeoutError(detail::concat(
+            "nccl backend: ncclCommInitRankConfig on rank ", rank(), "/", size(),
+            " did not complete within ", options().timeout.count(),
+            " ms: some member of the group never reached it (it died, hangs, or uses another "
+            "store or world size). Check every rank's log; raise the limit with "
+            "RINGTRAIN_TIMEOUT_SEC or ProcessGroupOptions::timeout"));
+      }
+    });
     stream_ = cuda::Stream::create(device_);
     done_ = cuda::Event::create(device_);
     start();
@@ -138,6 +247,9 @@ class NcclProcessGroup final : public ProcessGroup {
   void run(const Collective& collective, Deadline deadline) override {
     // Host buffers may run inline on the caller's thread: leave its device as it was.
     cuda::DeviceGuard on_group_device(device_);
+    // The communicator is ours until run() returns; abort() waits for our next poll.
+    std::unique_lock<std::mutex> using_comm = comm_.lock();
+    if (comm_.abort_requested()) comm_.give_up_if_aborted(describe(collective).c_str());
     auto stream = static_cast<cudaStream_t>(stream_.handle());
     // 1. Host buffers move to device scratch memory (see the file comment).
     Collective c = collective;
@@ -149,7 +261,7 @@ class NcclProcessGroup final : public ProcessGroup {
     // 2. The NCCL call on the group's stream, once the caller's stream has produced
     //    the input (a device-side wait: this thread does not block on it).
     stream_wait_event(stream, collective.ready_event);
-    launch(c, stream);
+    launch(c, stream, deadline);
     // 3. Results go back towards the host buffers, still in stream order ...
     const bool input_back = input_stage.device && is_in_place(c.op);
     if (input_back) queue_copy_out(input_stage, stream);
@@ -165,6 +277,7 @@ class NcclProcessGroup final : public ProcessGroup {
     return std::make_shared<NcclProcessGroup>(std::move(context));
   }
 
+  // May run on any thread (abort(), a failed split()): NcclComm serialises it with run().
   void close_transports() override { comm_.abort(); }
 
  private:
@@ -194,6 +307,9 @@ class NcclProcessGroup final : public ProcessGroup {
       stage.device = allocate_bytes(stage.nbytes, Device::cuda(device_));
     }
     stage.pinned = allocate_pinned_host_bytes(stage.nbytes);
+    // The copies on our stream read and write it: when a failure releases it with
+    // copies still queued, it is not handed out again before they have run.
+    cuda::record_host_stream(stage.pinned.get(), stream_);
     if (copy_in) {
       std::memcpy(stage.pinned.get(), buffer.data, stage.nbytes);
       CUDA_CHECK(cudaMemcpyAsync(stage.device.get(), stage.pinned.get(), stage.nbytes, cudaMemcpyHostToDevice,
@@ -207,69 +323,88 @@ class NcclProcessGroup final : public ProcessGroup {
                                stream));
   }
 
-  void launch(const Collective& c, cudaStream_t stream) {
+  // Queues the NCCL call(s) for `c` on `stream`. Each call is settled before the
+  // next (nonblocking mode may answer ncclInProgress); the deadline bounds that.
+  void launch(const Collective& c, cudaStream_t stream, Deadline deadline) {
     const ncclDataType_t type = nccl_type(c.input.dtype);
     ncclComm_t comm = comm_.get();
     void* data = c.input.data;
+    const std::string what = describe(c);
+    auto settle = [&](ncclResult_t result, const char* call) {
+      comm_.settle(result, call, [&] {
+        if (Clock::now() >= deadline)
+          throw CommTimeoutError(detail::concat("nccl backend: ", what, ": ", call,
+                                                " did not complete before the deadline"));
+      });
+    };
     switch (c.op) {
       case CollectiveOp::kAllreduce:
-        NCCL_CHECK(ncclAllReduce(data, data, c.input.count, type, nccl_op(c.reduce_op), comm, stream));
+        settle(ncclAllReduce(data, data, c.input.count, type, nccl_op(c.reduce_op), comm, stream),
+               "ncclAllReduce");
         break;
       case CollectiveOp::kBroadcast:
-        NCCL_CHECK(ncclBroadcast(data, data, c.input.count, type, c.peer, comm, stream));
+        settle(ncclBroadcast(data, data, c.input.count, type, c.peer, comm, stream), "ncclBroadcast");
         break;
       case CollectiveOp::kReduce:
-        NCCL_CHECK(ncclReduce(data, data, c.input.count, type, nccl_op(c.reduce_op), c.peer, comm, stream));
+        settle(ncclReduce(data, data, c.input.count, type, nccl_op(c.reduce_op), c.peer, comm, stream),
+               "ncclReduce");
         break;
       case CollectiveOp::kAllgather:
-        NCCL_CHECK(ncclAllGather(data, c.output.data, c.input.count, type, comm, stream));
+        settle(ncclAllGather(data, c.output.data, c.input.count, type, comm, stream), "ncclAllGather");
         break;
       case CollectiveOp::kReduceScatter:
-        NCCL_CHECK(ncclReduceScatter(data, c.output.data, c.output.count, type, nccl_op(c.reduce_op),
-                                     comm, stream));
+        settle(ncclReduceScatter(data, c.output.data, c.output.count, type, nccl_op(c.reduce_op), comm,
+                                 stream),
+               "ncclReduceScatter");
         break;
       case CollectiveOp::kAllToAll: {
         const size_t block = c.input.count / size();
         const size_t block_bytes = block * dtype_size(c.input.dtype);
-        NCCL_CHECK(ncclGroupStart());
+        settle(ncclGroupStart(), "ncclGroupStart");
         for (int peer = 0; peer < size(); ++peer) {
-          NCCL_CHECK(ncclSend(static_cast<char*>(data) + peer * block_bytes, block, type, peer, comm, stream));
-          NCCL_CHECK(ncclRecv(static_cast<char*>(c.output.data) + peer * block_bytes, block, type, peer,
-                              comm, stream));
+          settle(ncclSend(static_cast<char*>(data) + peer * block_bytes, block, type, peer, comm, stream),
+                 "ncclSend");
+          settle(ncclRecv(static_cast<char*>(c.output.data) + peer * block_bytes, block, type, peer, comm,
+                          stream),
+                 "ncclRecv");
         }
-        NCCL_CHECK(ncclGroupEnd());
+        settle(ncclGroupEnd(), "ncclGroupEnd");
         break;
       }
       case CollectiveOp::kBarrier: {
         if (!barrier_scratch_) CUDA_CHECK(cudaMalloc(&barrier_scratch_, sizeof(int)));
-        NCCL_CHECK(ncclAllReduce(barrier_scratch_, barrier_scratch_, 1, ncclInt32, ncclSum, comm, stream));
+        settle(ncclAllReduce(barrier_scratch_, barrier_scratch_, 1, ncclInt32, ncclSum, comm, stream),
+               "ncclAllReduce (barrier)");
         break;
       }
       case CollectiveOp::kSend:
-        NCCL_CHECK(ncclSend(data, c.input.count, type, c.peer, comm, stream));
+        settle(ncclSend(data, c.input.count, type, c.peer, comm, stream), "ncclSend");
         break;
       case CollectiveOp::kRecv:
-        NCCL_CHECK(ncclRecv(data, c.input.count, type, c.peer, comm, stream));
+        settle(ncclRecv(data, c.input.count, type, c.peer, comm, stream), "ncclRecv");
         break;
     }
   }
 
-  // Records the group's event after everything queued and polls it.
+  // Records the group's event after everything queued and polls it (with the
+  // communicator's lock held, see run()).
   void wait_for_stream(const Collective& c, Deadline deadline) {
     ncclComm_t comm = comm_.get();
     done_.record(stream_);
+    const std::string what = describe(c);
     // Poll instead of cudaEventSynchronize: a dead peer must become an error, not a hang.
     while (!done_.query()) {
+      comm_.give_up_if_aborted(what.c_str());
       ncclResult_t async_error = ncclSuccess;
       NCCL_CHECK(ncclCommGetAsyncError(comm, &async_error));
-      if (async_error != ncclSuccess) {
-        comm_.abort();
-        throw CommError(detail::concat("nccl backend: ", describe(c), " failed: ",
+      if (async_error != ncclSuccess && async_error != ncclInProgress) {
+        comm_.abort_locked();
+        throw CommError(detail::concat("nccl backend: ", what, " failed: ",
                                        ncclGetErrorString(async_error)));
       }
       if (Clock::now() >= deadline) {
-        comm_.abort();
-        throw CommTimeoutError(detail::concat("nccl backend: ", describe(c),
+        comm_.abort_locked();
+        throw CommTimeoutError(detail::concat("nccl backend: ", what,
                                               " did not finish before the deadline"));
       }
       std::this_thread::yield();

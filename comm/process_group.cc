@@ -270,7 +270,10 @@ void ProcessGroup::execute(Pending& pending) {
   } catch (...) {
     std::exception_ptr explained = explain_failure(std::current_exception(), describe(c));
     fail_with(explained);
-    pending.state->mark_failed(explained);
+    // The group's first failure is the cause: when abort() on another thread is
+    // what interrupted this collective, its reason is the one to report.
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    pending.state->mark_failed(failure_);
   }
 }
 
@@ -367,6 +370,30 @@ void ProcessGroup::check_same_collective(const Collective& c) {
   throw CommError(message);
 }
 
+void ProcessGroup::throw_if_member_failed(const std::string& what) const {
+  for (int r = 0; r < context_.size; ++r) {
+    const int world_rank = context_.world_ranks[r];
+    if (r == context_.rank) continue;
+    auto record = context_.store->try_get(error_key(world_rank));
+    if (!record) continue;
+    std::string their_message;
+    try {
+      their_message = json::parse(*record).at("message").get<std::string>();
+    } catch (const std::exception&) {
+      their_message = *record;
+    }
+    throw PeerLostError(world_rank, detail::concat("rank ", world_rank, " failed while rank ",
+                                                   context_.world_rank(), " waited for ", what,
+                                                   " (rank ", world_rank, ": ", their_message, ")"));
+  }
+  if (const int lost = lost_member(); lost >= 0) {
+    throw PeerLostError(context_.world_ranks[lost],
+                        detail::concat("rank ", context_.world_ranks[lost],
+                                       " closed its connection while rank ",
+                                       context_.world_rank(), " waited for ", what));
+  }
+}
+
 std::string ProcessGroup::await_member_key(const std::string& key, const std::string& what) {
   // Short slices: a member that is gone never writes the key, and waiting the whole
   // timeout (10 minutes by default) to say "did not appear" would hide why.
@@ -379,18 +406,7 @@ std::string ProcessGroup::await_member_key(const std::string& key, const std::st
     } catch (const CommTimeoutError&) {
       // not there yet: look for a reason it may never come
     }
-    for (int r = 0; r < context_.size; ++r) {
-      const int world_rank = context_.world_ranks[r];
-      if (r == context_.rank || !context_.store->try_get(error_key(world_rank))) continue;
-      throw PeerLostError(world_rank, detail::concat("rank ", world_rank, " failed while rank ",
-                                                     context_.world_rank(), " waited for ", what));
-    }
-    if (const int lost = lost_member(); lost >= 0) {
-      throw PeerLostError(context_.world_ranks[lost],
-                          detail::concat("rank ", context_.world_ranks[lost],
-                                         " closed its connection while rank ",
-                                         context_.world_rank(), " waited for ", what));
-    }
+    throw_if_member_failed(what);
     if (Clock::now() >= deadline) {
       throw CommTimeoutError(detail::concat(what, " did not come within ",
                                             context_.options.timeout.count(), " ms"));

@@ -183,6 +183,16 @@ class ProcessGroup {
   // any thread; it must not consume data.
   virtual int lost_member() const { return -1; }
 
+  // Store::get of a key a member writes, waited for in short slices until the
+  // timeout; in between, a member that published an error or that lost_member()
+  // reports gone ends the wait with PeerLostError (explain_failure says why).
+  // `what` names what is waited for in the timeout message.
+  std::string await_member_key(const std::string& key, const std::string& what);
+  // Throws PeerLostError, naming `what` this rank was waiting for, when another
+  // member published an error (its message is quoted) or lost_member() reports one
+  // gone. For backends that wait on something the store cannot see (NCCL's init).
+  void throw_if_member_failed(const std::string& what) const;
+
   std::string describe(const Collective& collective) const;
   static std::string describe_collective(const Collective& collective, const char* backend,
                                          int rank, int size);
@@ -204,11 +214,6 @@ class ProcessGroup {
   std::exception_ptr explain_failure(std::exception_ptr error, const std::string& what_op);
   // Marks the group failed with `explained` and closes its transports.
   void fail_with(std::exception_ptr explained);
-  // Store::get of a key a member writes, waited for in short slices until the
-  // timeout; in between, a member that published an error or that lost_member()
-  // reports gone ends the wait with PeerLostError (explain_failure says why).
-  // `what` names what is waited for in the timeout message.
-  std::string await_member_key(const std::string& key, const std::string& what);
   void wait_for_survivors(const std::string& shutdown_key);
   void publish_error(const std::string& kind, const std::string& message, int dead_rank);
 

@@ -8,6 +8,9 @@
 //                                 --blocking: launched Launch::kBlocking, so it runs on
 //                                 the main thread and the failure is thrown by the call)
 //   comm_worker --mode throw      rank --victim throws an uncaught exception between allreduces
+//   comm_worker --mode abort      a side thread of rank --victim calls ProcessGroup::abort() while
+//                                 its allreduces run; the victim's own failure must carry the
+//                                 reason too (else it prints "FAIL-VICTIM")
 //   comm_worker --mode mismatch   rank --victim issues a broadcast where the others allreduce
 //                                 (run with RINGTRAIN_DEBUG_COLLECTIVES=1)
 //   comm_worker --mode kill_before rank --victim SIGKILLs itself before it issues an allreduce
@@ -48,7 +51,8 @@ int main(int argc, char** argv) {
   app.add_flag("--symmetric", symmetric, "kill/throw/mismatch: allreduce a symmetric buffer");
   app.add_flag("--blocking", blocking, "kill/throw/mismatch: launch the allreduces Launch::kBlocking");
   app.add_option("--mode", mode)->check(CLI::IsMember(
-      {"check", "kill", "throw", "mismatch", "kill_before", "stall", "split_dead", "sub_mismatch"}));
+      {"check", "kill", "throw", "abort", "mismatch", "kill_before", "stall", "split_dead",
+       "sub_mismatch"}));
   app.add_option("--backend", backend);
   app.add_option("--init", init_method);
   app.add_option("--victim", victim);
@@ -142,6 +146,12 @@ int main(int argc, char** argv) {
             std::cerr << "victim: SIGKILL now" << std::endl;
             raise(SIGKILL);
           }).detach();
+        } else if (mode == "abort") {
+          // a watchdog on another thread gives up while the next allreduce runs
+          std::thread([&pg] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            pg->abort("injected abort: the watchdog of rank 1 gave up");
+          }).detach();
         } else if (mode == "throw") {
           throw std::runtime_error("injected failure: the data loader of rank " + std::to_string(rank) + " broke");
         } else if (mode == "kill_before") {
@@ -164,6 +174,10 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     // the injected exception must stay uncaught: that is what the test is about
     if (mode == "throw" && rank == victim) throw;
+    if (mode == "abort" && rank == victim &&
+        std::string(e.what()).find("injected abort") == std::string::npos) {
+      std::cerr << "FAIL-VICTIM: rank " << rank << "'s own failure lacks the abort's reason" << std::endl;
+    }
     return report(e);
   }
   std::cerr << "rank " << rank << ": no failure was observed" << std::endl;
