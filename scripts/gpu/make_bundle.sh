@@ -21,7 +21,8 @@ rm -rf "$out" && mkdir -p "$out/lib"
 # lists that travel are newer than their executables and the GPU machine reuses them.
 ctest --test-dir "$build" -N > /dev/null
 executables=(tests/tensor/tensor_cuda_ops_test tests/tensor/tensor_cuda_runtime_test
-             tests/nn/nn_data_cuda_loader_test tests/comm/comm_collectives_test comm/ringrun
+             tests/nn/nn_data_cuda_loader_test tests/comm/comm_collectives_test
+             tests/comm/comm_nccl_failure_test comm/ringrun
              tests/ddp/ddp_multirank_test bench/ddp_step bench/comm_sweep
              bench/bench_tensor_cuda examples/digits_ddp)
 {
