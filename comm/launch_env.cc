@@ -350,7 +350,9 @@ std::string detect_init_method(const EnvMap& env) {
   if (has(env, "RINGTRAIN_INIT_METHOD")) return get(env, "RINGTRAIN_INIT_METHOD");
   if (has(env, "MASTER_ADDR") && has(env, "RANK") && has(env, "WORLD_SIZE")) return "env://";
   if (has(env, "OMPI_COMM_WORLD_SIZE") || has(env, "PMI_SIZE") || has(env, "PMIX_RANK")) return "mpi://";
-  if (has(env, "SLURM_PROCID") && (has(env, "SLURM_NTASKS") || has(env, "SLURM_NPROCS"))) return "slurm://";
+  const bool srun_task = has(env, "SLURM_STEP_ID") || has(env, "SLURM_STEPID");
+  if (srun_task && has(env, "SLURM_PROCID") && (has(env, "SLURM_NTASKS") || has(env, "SLURM_NPROCS")))
+    return "slurm://";
   return "single";
 }
 

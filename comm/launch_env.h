@@ -49,7 +49,11 @@ LaunchInfo parse_url_method(const std::string& url, const EnvMap& env, int rank,
 // The method auto-detection picks: RINGTRAIN_INIT_METHOD if set, else "env://"
 // (MASTER_ADDR, RANK and WORLD_SIZE set: ringrun, torchrun), else "mpi://" (Open MPI's
 // OMPI_COMM_WORLD_SIZE, or PMI_SIZE / PMIX_RANK), else "slurm://" (SLURM_PROCID and
-// SLURM_NTASKS), else "single" (one process, world size 1).
+// SLURM_NTASKS in an srun task, i.e. with SLURM_STEP_ID or SLURM_STEPID), else
+// "single" (one process, world size 1). An sbatch script or salloc shell has
+// SLURM_PROCID=0 and SLURM_NTASKS=<all tasks> but no step id: it is not a task of the
+// job, and a program started there without srun runs as a single process instead
+// of waiting for ranks that never start.
 std::string detect_init_method(const EnvMap& env);
 // init_method: "auto", "env://", "slurm://", "mpi://", "tcp://host:port", "file:///path", "single".
 LaunchInfo resolve_launch(const std::string& init_method, const EnvMap& env, int rank = -1,

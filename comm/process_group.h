@@ -60,8 +60,8 @@ struct ProcessGroupOptions {
   // Per-collective timeout, counted from when the collective starts running.
   // RINGTRAIN_TIMEOUT_SEC overrides the default at init_process_group.
   std::chrono::milliseconds timeout = kDefaultTimeout;
-  // Check that all ranks issue the same collective (costs a store round trip per
-  // collective). Also enabled by RINGTRAIN_DEBUG_COLLECTIVES=1.
+  // Check that all ranks issue the same collective (costs p + 2 store round trips
+  // per collective on p ranks). Also enabled by RINGTRAIN_DEBUG_COLLECTIVES=1.
   bool debug_collectives = false;
   // nccl backend: the CUDA device of this rank; -1: LOCAL_RANK % device count.
   int cuda_device = -1;

@@ -8,17 +8,22 @@
 //   prepare_for_backward(outputs)   before backward: reset per-step state; with
 //                                   find_unused_parameters walk the graph from the
 //                                   outputs and mark unreachable parameters ready.
+//   (before backward, each parameter's bucket slot became its gradient
+//   destination, so autograd writes the gradient straight into the bucket)
 //   post-accumulate hook (param i)  during backward, when autograd has finished
 //                                   accumulating i's gradient: copy it into its
-//                                   bucket slot (or nothing: gradient_as_bucket_view),
-//                                   count the bucket down, and launch every bucket
+//                                   bucket slot only if .grad existed before this
+//                                   backward (no_sync accumulation; otherwise it is
+//                                   there already), count the bucket down, and launch every bucket
 //                                   that is complete *and whose turn it is*: buckets
 //                                   go out strictly in index order on every rank, so
 //                                   collective i is the same bucket everywhere.
 //   finalize (queued callback)      once backward ends: wait for the buckets' Work
 //                                   in order, run the comm hook's finish step
-//                                   (e.g. decompress), write the averaged gradients
-//                                   back into .grad (or nothing: they are views).
+//                                   (e.g. decompress), make each used parameter's
+//                                   .grad the averaged bucket view (copying mode: and
+//                                   give the bucket its other buffer); nothing is
+//                                   copied back.
 //
 // Cost model: with B buckets of sizes s_b, allreduce time is sum_b (alpha + beta*s_b);
 // bucket b can start once the last of its parameters' gradients exists, so all

@@ -114,14 +114,14 @@ ClusterEnvironment detect_cluster_environment(const comm::EnvMap& env) {
   ClusterEnvironment out;
   fill_slurm_job_facts(env, &out);
 
-  std::string method = comm::detect_init_method(env);
+  const std::string method = comm::detect_init_method(env);
   const bool has_step = has(env, "SLURM_STEP_ID") || has(env, "SLURM_STEPID");
-  if (method == "slurm://" && !has(env, "RINGTRAIN_INIT_METHOD") && !has_step) {
-    // A batch script or salloc shell: inside the job, but not one of its tasks.
+  if (method == "single" && has(env, "SLURM_PROCID") && !has_step) {
+    // A batch script or salloc shell: inside the job, but not one of its tasks
+    // (detect_init_method chose single for that reason; say so).
     out.note = "SLURM_PROCID is set but no SLURM_STEP_ID: this is the batch/salloc shell, not an "
                "srun task; running as a single process (start the program with srun for " +
                get(env, "SLURM_NTASKS") + " tasks)";
-    method = "single";
   }
 
   comm::LaunchInfo info;

@@ -21,13 +21,13 @@
 // inside a SLURM job, `srun --mpi=pmix mpi_prog` an MPI launch. The rank fields
 // come from comm::resolve_launch itself; nothing here re-parses them.
 //
-// One trap is handled here and not in comm: a batch script (sbatch) and an
-// interactive `salloc` shell live inside a SLURM job but are NOT tasks of it. In
-// a batch script SLURM sets SLURM_PROCID=0 and SLURM_NTASKS=<all tasks> (verified
-// on the local cluster), so a program run there without srun would wait forever
-// for ranks that never start. A SLURM task has a step id (SLURM_STEP_ID, set by
-// srun), the batch shell has none: without one we report Launcher::kLocal with
-// `note` saying why, and init_method "single".
+// One trap: a batch script (sbatch) and an interactive `salloc` shell live inside
+// a SLURM job but are NOT tasks of it. In a batch script SLURM sets SLURM_PROCID=0
+// and SLURM_NTASKS=<all tasks> (verified on the local cluster), so a program run
+// there without srun would wait for ranks that never start. A SLURM task has a
+// step id (SLURM_STEP_ID, set by srun), the batch shell has none: without one
+// comm::detect_init_method picks "single", and we report Launcher::kLocal with
+// `note` saying why.
 //
 // The SLURM job facts (job id, the id to requeue, restart count, node list) are
 // filled in whenever the process is inside a SLURM job, whatever the launcher.

@@ -161,6 +161,12 @@ TEST(Detection, DocumentedOrder) {
   EXPECT_EQ(detect_init_method({}), "single");
   EnvMap env = srun_env();
   EXPECT_EQ(detect_init_method(env), "slurm://");
+  EnvMap batch_shell = env;  // sbatch's script: SLURM_PROCID=0, SLURM_NTASKS=4, no step
+  batch_shell.erase("SLURM_STEP_ID");
+  batch_shell["SLURM_PROCID"] = "0";
+  EXPECT_EQ(detect_init_method(batch_shell), "single");
+  batch_shell["SLURM_STEPID"] = "0";  // the older spelling counts as a step too
+  EXPECT_EQ(detect_init_method(batch_shell), "slurm://");
   env["OMPI_COMM_WORLD_SIZE"] = "2";  // mpirun inside an allocation: mpi wins over slurm
   EXPECT_EQ(detect_init_method(env), "mpi://");
   env.insert({{"MASTER_ADDR", "h"}, {"RANK", "0"}, {"WORLD_SIZE", "2"}});  // torchrun/ringrun wins
