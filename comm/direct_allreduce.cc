@@ -1,4 +1,4 @@
-// direct_allreduce.cc: DirectAllreduce, reduce-scatter + allgather by direct loads
+// direct_allreduce.cc: direct_allreduce, reduce-scatter + allgather by direct loads
 // and stores on symmetric memory (every rank has mapped every rank's buffer).
 //
 // What it does. The same two phases as the ring (ring_allreduce.cc), but a rank

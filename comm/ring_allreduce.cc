@@ -1,4 +1,4 @@
-// ring_allreduce.cc: RingAllreduce, the algorithm DDP spends its communication in.
+// ring_allreduce.cc: ring_allreduce, the algorithm DDP spends its communication in.
 //
 // What it does. Every rank holds a buffer of S bytes; afterwards every rank holds
 // the element-wise reduction of all p buffers. The buffer is cut into p chunks.

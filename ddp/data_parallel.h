@@ -9,7 +9,8 @@
 //               on the same device, aliases) of the original parameters, so that
 //               backward sums every replica's gradient into the original .grad
 //               — the autograd engine does the summing, no extra code;
-//   3. parallel_apply  the replicas run their forward in one thread each;
+//   3. parallel_apply  the replicas run their forward in parallel: replica 0 on the
+//                      calling thread, each other one on a thread of its own;
 //   4. gather   the outputs are moved to the first device and concatenated.
 // Replica 0 is the wrapped module itself on devices[0]: its buffers (BatchNorm
 // running statistics) are the real ones; the other replicas get copies of the

@@ -3,7 +3,7 @@
 # that machine has the CUDA driver and libraries but none of our build dependencies
 # (Eigen, Open MPI, CLI11, GoogleTest...): the test lists and executables of the build tree, as one
 # xz archive (the CUDA fat binaries in every executable are nearly identical, so the
-# 25 MB executables pack into a few MB), the Open MPI shared libraries the
+# 25 MB executables pack into about 17 MB), the Open MPI shared libraries the
 # executables load, our libcudart, and the digits dataset the demo trains on.
 #
 #   bash scripts/gpu/make_bundle.sh [build-dir]      -> .gpu/ (ignored by git)
