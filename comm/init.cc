@@ -175,13 +175,18 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   LaunchInfo info = resolve_launch(options.init_method, env, options.rank, options.world_size);
   ProcessGroupOptions group_options = options.group;
   apply_environment(group_options, env);
+  std::chrono::milliseconds rendezvous_timeout = options.rendezvous_timeout;
+  if (auto it = env.find("RINGTRAIN_RENDEZVOUS_TIMEOUT_SEC"); it != env.end() && !it->second.empty()) {
+    rendezvous_timeout = std::chrono::seconds(env_int(env, "RINGTRAIN_RENDEZVOUS_TIMEOUT_SEC", 1, 1 << 30,
+                                                      "give how long joining the job may take, in seconds"));
+  }
   RT_CHECK(options.backend == "ring" || options.backend == "mpi" || options.backend == "nccl",
            "init_process_group: unknown backend '", options.backend, "' (ring, mpi or nccl)");
 
   // ---- the store: on world rank 0, every rank connected to it
   std::shared_ptr<StoreServer> server;
   std::shared_ptr<Store> store;
-  const auto timeout = options.rendezvous_timeout;
+  const auto timeout = rendezvous_timeout;
   if (info.method == "mpi") {
     store = mpi_rendezvous(info, env, &server, timeout);
   } else if (info.method == "file") {
@@ -209,6 +214,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   context.token = info.token;
   context.is_world = true;
   context.options = group_options;
+  context.setup_timeout = rendezvous_timeout;
 
   std::shared_ptr<ProcessGroup> group;
   if (options.backend == "ring") group = make_ring_process_group(context);

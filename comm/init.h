@@ -8,8 +8,9 @@
 // Steps: resolve how we were launched (launch_env.h: env://, slurm://, mpi://,
 // tcp://, file://, or auto-detected), start the store on world rank 0 and
 // connect every rank to it, then build the backend's group (a collective).
-// Environment overrides of the options: RINGTRAIN_TIMEOUT_SEC,
-// RINGTRAIN_DEBUG_COLLECTIVES=1, RINGTRAIN_TRANSPORT, RINGTRAIN_INIT_METHOD.
+// Environment overrides of the options: RINGTRAIN_TIMEOUT_SEC (each collective),
+// RINGTRAIN_RENDEZVOUS_TIMEOUT_SEC (joining), RINGTRAIN_DEBUG_COLLECTIVES=1,
+// RINGTRAIN_TRANSPORT, RINGTRAIN_INIT_METHOD.
 // An uncaught exception on any rank afterwards is published to the store (a
 // std::terminate handler), so the other ranks fail with its message.
 #pragma once
@@ -28,7 +29,9 @@ struct InitOptions {
   int rank = -1;                      // tcp:// and file:// only; <0: from the environment
   int world_size = -1;
   ProcessGroupOptions group;          // timeout, debug mode, transport
-  // How long rendezvous (store + connections) may take before failing.
+  // How long joining the job (the store, then the world group's connections, or
+  // NCCL's communicator) may take before failing: every rank must have started
+  // by then. RINGTRAIN_RENDEZVOUS_TIMEOUT_SEC overrides it.
   std::chrono::milliseconds rendezvous_timeout = std::chrono::minutes(5);
 };
 

@@ -353,6 +353,12 @@ std::string detect_init_method(const EnvMap& env) {
   const bool srun_task = has(env, "SLURM_STEP_ID") || has(env, "SLURM_STEPID");
   if (srun_task && has(env, "SLURM_PROCID") && (has(env, "SLURM_NTASKS") || has(env, "SLURM_NPROCS")))
     return "slurm://";
+  // RANK or WORLD_SIZE without the rest of torchrun's set: processes started by hand
+  // that forgot MASTER_ADDR. Running each as a world of one would train N separate
+  // models into one checkpoint directory; env:// says which variable is missing.
+  const bool lone_process = (!has(env, "WORLD_SIZE") || get(env, "WORLD_SIZE") == "1") &&
+                            (!has(env, "RANK") || get(env, "RANK") == "0");
+  if ((has(env, "RANK") || has(env, "WORLD_SIZE")) && !lone_process) return "env://";
   return "single";
 }
 

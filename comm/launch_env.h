@@ -53,7 +53,9 @@ LaunchInfo parse_url_method(const std::string& url, const EnvMap& env, int rank,
 // "single" (one process, world size 1). An sbatch script or salloc shell has
 // SLURM_PROCID=0 and SLURM_NTASKS=<all tasks> but no step id: it is not a task of the
 // job, and a program started there without srun runs as a single process instead
-// of waiting for ranks that never start.
+// of waiting for ranks that never start. RANK or WORLD_SIZE set without MASTER_ADDR
+// (other than RANK=0 WORLD_SIZE=1) also means "env://", whose parser then names the
+// missing variable: such processes were meant to be one job, not N jobs of one.
 std::string detect_init_method(const EnvMap& env);
 // init_method: "auto", "env://", "slurm://", "mpi://", "tcp://host:port", "file:///path", "single".
 LaunchInfo resolve_launch(const std::string& init_method, const EnvMap& env, int rank = -1,

@@ -14,7 +14,10 @@
 // launched on the group's stream; the comm thread then records an event and
 // polls it, checking ncclCommGetAsyncError and the deadline, so a hung NCCL
 // kernel becomes a CommTimeoutError (and an abort of the communicator)
-// instead of a hang.
+// instead of a hang. The price: in nonblocking mode NCCL runs each group launch
+// on a helper thread, which may cost microseconds per collective (not measured
+// yet); RINGTRAIN_NCCL_NONBLOCKING=0 chooses blocking mode, without the init
+// deadline. NCCL_COMM_BLOCKING=1, NCCL's own variable, overrides us as well.
 //
 // Aborts from other threads. NCCL forbids using one communicator from two
 // threads at once, and ncclCommAbort is a use. ProcessGroup::abort() and
@@ -44,9 +47,11 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "comm/backends.h"
@@ -93,11 +98,16 @@ class NcclComm {
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
 
-  void init(int size, const ncclUniqueId& id, int rank, const Check& check) {
+  // `nonblocking` false gives a blocking communicator (RINGTRAIN_NCCL_NONBLOCKING=0):
+  // then init has no deadline. Creation is slow work: it is polled every millisecond.
+  void init(int device, int size, const ncclUniqueId& id, int rank, bool nonblocking,
+            const Check& check) {
     std::lock_guard<std::mutex> lock(mutex_);
+    device_ = device;
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    settle(ncclCommInitRankConfig(&comm_, size, id, rank, &config), "ncclCommInitRankConfig", check);
+    config.blocking = nonblocking ? 0 : 1;
+    settle(ncclCommInitRankConfig(&comm_, size, id, rank, &config), "ncclCommInitRankConfig", check,
+           std::chrono::milliseconds(1));
   }
 
   // Held by the comm thread around every use of get().
@@ -108,7 +118,8 @@ class NcclComm {
   // effect: a nonblocking call may answer ncclInProgress, and no other call may
   // follow until the communicator's state says ncclSuccess. Throws (after
   // aborting the communicator) on an NCCL error, on abort(), or when `check` does.
-  void settle(ncclResult_t result, const char* call, const Check& check) {
+  void settle(ncclResult_t result, const char* call, const Check& check,
+              std::chrono::microseconds poll_sleep = std::chrono::microseconds(0)) {
     while (true) {
       if (result == ncclSuccess) {
         give_up_if_aborted(call);
@@ -129,7 +140,8 @@ class NcclComm {
         abort_locked();
         throw;
       }
-      std::this_thread::yield();
+      if (poll_sleep.count() > 0) std::this_thread::sleep_for(poll_sleep);
+      else std::this_thread::yield();
       ncclResult_t state = ncclSuccess;
       const ncclResult_t asked = ncclCommGetAsyncError(comm_, &state);
       result = asked != ncclSuccess ? asked : state;
@@ -153,9 +165,19 @@ class NcclComm {
     std::lock_guard<std::mutex> lock(mutex_);  // the comm thread lets go at its next poll
     abort_locked();
   }
-  // With the lock held.
+  // With the lock held. NCCL restores the calling thread's device around the
+  // abort; on a thread that never chose one (a watchdog calling abort()) that
+  // would create a context on GPU 0, so the thread is put on our device first.
   void abort_locked() {
-    if (comm_ != nullptr && !aborted_) (void)ncclCommAbort(comm_);
+    if (comm_ != nullptr && !aborted_) {
+      std::optional<cuda::DeviceGuard> on_device;
+      try {
+        on_device.emplace(device_);
+      } catch (const std::exception&) {
+        // the runtime is failing: abort from wherever we are
+      }
+      (void)ncclCommAbort(comm_);
+    }
     aborted_ = true;
   }
 
@@ -167,6 +189,11 @@ class NcclComm {
     std::lock_guard<std::mutex> lock(mutex_);
     if (comm_ == nullptr) return;
     if (!aborted_) {
+      std::optional<cuda::DeviceGuard> on_device;  // as in abort_locked()
+      try {
+        on_device.emplace(device_);
+      } catch (const std::exception&) {
+      }
       ncclResult_t result = ncclCommFinalize(comm_);
       for (const auto until = Clock::now() + kFinalizeGrace;
            result == ncclInProgress && Clock::now() < until;) {
@@ -186,10 +213,20 @@ class NcclComm {
   }
 
   std::mutex mutex_;
+  int device_ = 0;
   ncclComm_t comm_ = nullptr;
   bool aborted_ = false;                    // guarded by mutex_
   std::atomic<bool> abort_requested_{false};  // read by poll loops without taking mutex_ again
 };
+
+// RINGTRAIN_NCCL_NONBLOCKING: 1 (default) or 0. See the file comment for why
+// nonblocking is the default; 0 gives NCCL's blocking mode (and no init deadline).
+bool nonblocking_from_environment() {
+  const char* value = std::getenv("RINGTRAIN_NCCL_NONBLOCKING");
+  if (value == nullptr || *value == '\0' || std::strcmp(value, "1") == 0) return true;
+  if (std::strcmp(value, "0") == 0) return false;
+  throw CommError(detail::concat("RINGTRAIN_NCCL_NONBLOCKING='", value, "' must be 0 or 1"));
+}
 
 class NcclProcessGroup final : public ProcessGroup {
  public:
@@ -216,9 +253,9 @@ class NcclProcessGroup final : public ProcessGroup {
     // before it) would leave the others waiting. So: a deadline, and a look at
     // the store for a member's published error every kMemberCheckEvery.
     static constexpr auto kMemberCheckEvery = std::chrono::milliseconds(250);
-    const Deadline deadline = Clock::now() + options().timeout;
+    const Deadline deadline = Clock::now() + setup_timeout();
     Deadline next_member_check = Clock::now() + kMemberCheckEvery;
-    comm_.init(size(), id, rank(), [&] {
+    comm_.init(device_, size(), id, rank(), nonblocking_from_environment(), [&] {
       const auto now = Clock::now();
       if (now >= next_member_check) {
         next_member_check = now + kMemberCheckEvery;
@@ -227,10 +264,10 @@ class NcclProcessGroup final : public ProcessGroup {
       if (now >= deadline) {
         throw CommTimeoutError(detail::concat(
             "nccl backend: ncclCommInitRankConfig on rank ", rank(), "/", size(),
-            " did not complete within ", options().timeout.count(),
+            " did not complete within ", setup_timeout().count(),
             " ms: some member of the group never reached it (it died, hangs, or uses another "
             "store or world size). Check every rank's log; raise the limit with "
-            "RINGTRAIN_TIMEOUT_SEC or ProcessGroupOptions::timeout"));
+            "RINGTRAIN_RENDEZVOUS_TIMEOUT_SEC (the world group) or RINGTRAIN_TIMEOUT_SEC"));
       }
     });
     stream_ = cuda::Stream::create(device_);
@@ -307,13 +344,13 @@ class NcclProcessGroup final : public ProcessGroup {
       stage.device = allocate_bytes(stage.nbytes, Device::cuda(device_));
     }
     stage.pinned = allocate_pinned_host_bytes(stage.nbytes);
-    // The copies on our stream read and write it: when a failure releases it with
-    // copies still queued, it is not handed out again before they have run.
-    cuda::record_host_stream(stage.pinned.get(), stream_);
     if (copy_in) {
       std::memcpy(stage.pinned.get(), buffer.data, stage.nbytes);
       CUDA_CHECK(cudaMemcpyAsync(stage.device.get(), stage.pinned.get(), stage.nbytes, cudaMemcpyHostToDevice,
                                  stream));
+      // If a failure releases the buffer with this copy still queued, it is not
+      // handed out again before the copy has read it.
+      cuda::record_host_stream(stage.pinned.get(), stream_);
     }
     buffer.data = stage.device.get();
     buffer.device = Device::cuda(device_);
@@ -321,6 +358,7 @@ class NcclProcessGroup final : public ProcessGroup {
   void queue_copy_out(const HostStage& stage, cudaStream_t stream) {
     CUDA_CHECK(cudaMemcpyAsync(stage.pinned.get(), stage.device.get(), stage.nbytes, cudaMemcpyDeviceToHost,
                                stream));
+    cuda::record_host_stream(stage.pinned.get(), stream_);  // the same, for the copy back
   }
 
   // Queues the NCCL call(s) for `c` on `stream`. Each call is settled before the
@@ -360,15 +398,28 @@ class NcclProcessGroup final : public ProcessGroup {
       case CollectiveOp::kAllToAll: {
         const size_t block = c.input.count / size();
         const size_t block_bytes = block * dtype_size(c.input.dtype);
-        settle(ncclGroupStart(), "ncclGroupStart");
-        for (int peer = 0; peer < size(); ++peer) {
-          settle(ncclSend(static_cast<char*>(data) + peer * block_bytes, block, type, peer, comm, stream),
-                 "ncclSend");
-          settle(ncclRecv(static_cast<char*>(c.output.data) + peer * block_bytes, block, type, peer, comm,
-                          stream),
-                 "ncclRecv");
+        // Nothing may throw (or abort, which NCCL would only queue) while the
+        // group is open: note the first failure, always close the group, then settle.
+        NCCL_CHECK(ncclGroupStart());
+        ncclResult_t first_failure = ncclSuccess;
+        const char* failed_call = "";
+        for (int peer = 0; peer < size() && first_failure == ncclSuccess; ++peer) {
+          ncclResult_t sent = ncclSend(static_cast<char*>(data) + peer * block_bytes, block, type, peer, comm,
+                                       stream);
+          if (sent != ncclSuccess) {
+            first_failure = sent;
+            failed_call = "ncclSend";
+            break;
+          }
+          ncclResult_t received = ncclRecv(static_cast<char*>(c.output.data) + peer * block_bytes, block, type,
+                                           peer, comm, stream);
+          if (received != ncclSuccess) {
+            first_failure = received;
+            failed_call = "ncclRecv";
+          }
         }
         settle(ncclGroupEnd(), "ncclGroupEnd");
+        if (first_failure != ncclSuccess) settle(first_failure, failed_call);
         break;
       }
       case CollectiveOp::kBarrier: {

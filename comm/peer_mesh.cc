@@ -102,7 +102,18 @@ PeerMesh::PeerMesh(Store& store, const std::string& prefix, int rank, int size,
   store.set(prefix + "/mesh/" + std::to_string(rank), me.dump());
   std::vector<json> info(size);
   for (int r = 0; r < size; ++r) {
-    info[r] = json::parse(store.get(prefix + "/mesh/" + std::to_string(r), timeout));
+    try {
+      info[r] = json::parse(store.get(prefix + "/mesh/" + std::to_string(r),
+                                      std::chrono::milliseconds(millis_until(deadline))));
+    } catch (const CommTimeoutError&) {
+      throw CommTimeoutError(detail::concat(
+          "ring backend: rank ", world_ranks[r], " of ", size, " did not join within ",
+          (timeout.count() + 999) / 1000, " s (rank ", world_ranks[rank],
+          " waited for it): it was not started, failed before init_process_group, or was "
+          "given another world size or master address. Start every rank (ringrun "
+          "--nnodes/--nproc-per-node, srun -n, mpirun -np) with the same settings; raise the "
+          "limit with RINGTRAIN_RENDEZVOUS_TIMEOUT_SEC"));
+    }
   }
   // Every rank compares every rank with rank 0, so all of them fail at once, naming
   // the same pair, instead of the odd one out failing and the rest timing out.

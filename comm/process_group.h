@@ -81,6 +81,10 @@ struct GroupContext {
   std::string token;                     // the job token (transport handshakes check it)
   bool is_world = false;                 // the group made by init_process_group
   ProcessGroupOptions options;
+  // How long creating the group (members finding and connecting to each other) may
+  // take; 0: options.timeout. init_process_group gives the world group its
+  // rendezvous timeout here (ranks of one job start seconds or minutes apart).
+  std::chrono::milliseconds setup_timeout{0};
 
   int world_rank() const { return world_ranks.at(rank); }
 };
@@ -100,6 +104,10 @@ class ProcessGroup {
   int size() const { return context_.size; }
   virtual const char* backend_name() const = 0;
   const ProcessGroupOptions& options() const { return context_.options; }
+  // How long this group's creation may take (GroupContext::setup_timeout).
+  std::chrono::milliseconds setup_timeout() const {
+    return context_.setup_timeout.count() > 0 ? context_.setup_timeout : context_.options.timeout;
+  }
   Store& store() { return *context_.store; }
 
   // In place: every rank ends with op(all ranks' buffers). kAvg divides by size().

@@ -42,7 +42,7 @@ class RingProcessGroup final : public ProcessGroup {
       : ProcessGroup(std::move(context)),
         mesh_(store(), this->context().prefix + "/ring", rank(), size(),
               this->context().world_ranks, this->context().token, options().transport,
-              Clock::now() + options().timeout) {
+              Clock::now() + setup_timeout()) {
     check_same_algorithm_settings();
     start();
   }

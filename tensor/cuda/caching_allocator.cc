@@ -40,12 +40,14 @@
 // Pinned host memory (cudaHostAlloc) is cached too: sizes rounded up to a power
 // of two, exact-size free lists, no splitting. A pinned buffer may still be the
 // source or target of an async copy when its owner drops it. The code that
-// queues such a copy says on which stream (record_host_stream, like
-// record_stream for device blocks); on free we record an event on each of those
-// streams and hand the block out again only once they have all completed. (An
-// event on "the current stream of the current device" at free time, the first
-// design, guarded the wrong stream whenever the copy ran elsewhere, and made a
-// thread that never chose a device create a context on GPU 0.)
+// queues such a copy calls record_host_stream right after, which records an
+// event on that stream (one per stream, the newest); free hands the block out
+// again only once all of them have completed. (An event on "the current stream
+// of the current device" at free time, the first design, guarded the wrong
+// stream whenever the copy ran elsewhere, and made a thread that never chose a
+// device create a context on GPU 0. Keeping the stream handles and recording at
+// free time, the second, would record on streams their owners may have
+// destroyed by then.)
 //
 // Lifetime. The allocator objects are created on first use and deliberately
 // never destroyed: DataPtr deleters may run during static destruction (a global
@@ -424,16 +426,42 @@ class PinnedHostAllocator {
   }
 
   bool record_stream(const void* ptr, const Stream& stream) {
+    if (find_live(ptr) == nullptr) return false;
+    // The event is recorded now, right behind the copy the caller just queued:
+    // an event outlives its stream, while a stream handle kept until free() could
+    // be destroyed (or reused for another stream) by then.
+    cudaEvent_t event = nullptr;
+    {
+      detail::QuietDeviceGuard on_device(stream.device());
+      const auto handle = static_cast<cudaStream_t>(stream.handle());
+      const bool ok = on_device.ok() &&
+                      cudaEventCreateWithFlags(&event, cudaEventDisableTiming) == cudaSuccess &&
+                      cudaEventRecord(event, handle) == cudaSuccess;
+      if (!ok) {
+        // No event: wait for the stream here instead, so the copy is done.
+        (void)cudaGetLastError();
+        if (event != nullptr) (void)cudaEventDestroy(event);
+        if (on_device.ok()) (void)cudaStreamSynchronize(handle);
+        (void)cudaGetLastError();
+        return true;
+      }
+    }
     std::lock_guard<std::mutex> lock(mutex_);
-    // The block holding ptr: the last one starting at or before it, if ptr is inside.
-    auto it = live_.upper_bound(static_cast<char*>(const_cast<void*>(ptr)));
-    if (it == live_.begin()) return false;
-    --it;
-    if (static_cast<const char*>(ptr) >= it->first + it->second.size) return false;
-    StreamUse use{stream.device(), static_cast<cudaStream_t>(stream.handle())};
-    for (const StreamUse& u : it->second.uses)
-      if (u.device == use.device && u.stream == use.stream) return true;
-    it->second.uses.push_back(use);
+    LiveBlock* block = find_live_locked(ptr);
+    if (block == nullptr) {  // freed meanwhile by another thread: the caller's bug, but no leak
+      (void)cudaEventDestroy(event);
+      return true;
+    }
+    // One event per stream is enough: work on a stream runs in order, so the newest
+    // event covers the older copies on the same stream.
+    const auto handle = static_cast<cudaStream_t>(stream.handle());
+    for (StreamUse& use : block->uses) {
+      if (use.device != stream.device() || use.stream != handle) continue;
+      (void)cudaEventDestroy(use.event);
+      use.event = event;
+      return true;
+    }
+    block->uses.push_back({stream.device(), handle, event});
     return true;
   }
 
@@ -446,37 +474,22 @@ class PinnedHostAllocator {
     char* block = it->first;
     LiveBlock live = std::move(it->second);
     live_.erase(it);
-    // An async copy queued on a recorded stream may still read or write the
-    // buffer: hand it out again only once that stream's work so far is done.
-    Pending pending{{}, block, live.size};
-    bool ok = true;
-    for (const StreamUse& use : live.uses) {
-      detail::QuietDeviceGuard on_device(use.device);
-      cudaEvent_t event = nullptr;
-      ok = on_device.ok() && cudaEventCreateWithFlags(&event, cudaEventDisableTiming) == cudaSuccess;
-      if (!ok) break;
-      pending.events.push_back(event);
-      ok = cudaEventRecord(event, use.stream) == cudaSuccess;
-      if (!ok) break;
-    }
-    if (ok && !pending.events.empty()) {
-      pending_.push_back(std::move(pending));
+    if (live.uses.empty()) {
+      free_[live.size].push_back(block);
       return;
     }
-    if (!ok) {
-      // The runtime refused an event: wait for the streams themselves instead.
-      (void)cudaGetLastError();
-      for (const StreamUse& use : live.uses) (void)cudaStreamSynchronize(use.stream);
-      (void)cudaGetLastError();
-      for (cudaEvent_t e : pending.events) (void)cudaEventDestroy(e);
-    }
-    free_[live.size].push_back(block);
+    // A copy recorded on the block may still read or write it: hand it out again
+    // only once every recorded event has completed (checked at the next allocate).
+    Pending pending{{}, block, live.size};
+    for (const StreamUse& use : live.uses) pending.events.push_back(use.event);
+    pending_.push_back(std::move(pending));
   }
 
  private:
   struct StreamUse {
     int device;
-    cudaStream_t stream;
+    cudaStream_t stream;  // only compared, never used after record_stream returned
+    cudaEvent_t event;    // recorded on `stream` after the newest copy there
   };
   struct LiveBlock {
     size_t size;
@@ -487,6 +500,19 @@ class PinnedHostAllocator {
     char* ptr;
     size_t size;
   };
+
+  // The live block holding `ptr` (any address inside it), or nullptr.
+  LiveBlock* find_live_locked(const void* ptr) {
+    auto it = live_.upper_bound(static_cast<char*>(const_cast<void*>(ptr)));
+    if (it == live_.begin()) return nullptr;
+    --it;
+    if (static_cast<const char*>(ptr) >= it->first + it->second.size) return nullptr;
+    return &it->second;
+  }
+  LiveBlock* find_live(const void* ptr) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return find_live_locked(ptr);
+  }
 
   static size_t round_pow2(size_t n) {
     size_t size = kMinBlockSize;

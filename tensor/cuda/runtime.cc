@@ -98,13 +98,17 @@ const DriverContextQuery& driver_context_query() {
   std::call_once(once, [] {
     void* device_get = nullptr;
     void* get_state = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuDeviceGet", &device_get, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess ||
-        cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &get_state, 12000,
-                                         cudaEnableDefault, &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
+    auto lookup = [](const char* symbol, void** fn) {
+      cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+      const cudaError_t status =
+          cudaGetDriverEntryPointByVersion(symbol, fn, 12000, cudaEnableDefault, &found);
+#else  // the by-version lookup came with CUDA 12.5
+      const cudaError_t status = cudaGetDriverEntryPoint(symbol, fn, cudaEnableDefault, &found);
+#endif
+      return status == cudaSuccess && found == cudaDriverEntryPointSuccess;
+    };
+    if (!lookup("cuDeviceGet", &device_get) || !lookup("cuDevicePrimaryCtxGetState", &get_state)) {
       (void)cudaGetLastError();
       return;  // unknown: has_primary_context answers true, the old safe behaviour
     }

@@ -135,7 +135,8 @@ void record_stream(void* ptr, const Stream& stream);
 DataPtr pinned_host_allocate(size_t nbytes);
 // The pinned counterpart of record_stream: declares that the pinned block holding
 // `ptr` (any address inside a pinned_host_allocate buffer) is read or written by
-// work queued on `stream` so far. When the buffer is freed, it is handed out again
+// work queued on `stream` so far: call it right AFTER queuing the copy (it records
+// an event on the stream now). When the buffer is freed, it is handed out again
 // only after that work has finished. Every async copy from or to a pinned buffer
 // calls it (memcpy_bytes does); a buffer nobody recorded is reused at once. Returns
 // false, and does nothing, when `ptr` is not in a pinned block (pageable memory).

@@ -167,6 +167,14 @@ TEST(Detection, DocumentedOrder) {
   EXPECT_EQ(detect_init_method(batch_shell), "single");
   batch_shell["SLURM_STEPID"] = "0";  // the older spelling counts as a step too
   EXPECT_EQ(detect_init_method(batch_shell), "slurm://");
+  // Started by hand without MASTER_ADDR: env://, whose parser names the missing variable,
+  // not N separate single-process runs.
+  EXPECT_EQ(detect_init_method({{"RANK", "1"}, {"WORLD_SIZE", "2"}}), "env://");
+  EXPECT_EQ(detect_init_method({{"WORLD_SIZE", "2"}}), "env://");
+  EXPECT_EQ(detect_init_method({{"RANK", "0"}, {"WORLD_SIZE", "1"}}), "single");
+  EXPECT_NE(error_of([] { resolve_launch("auto", {{"RANK", "1"}, {"WORLD_SIZE", "2"}}, -1, -1); })
+                .find("MASTER_ADDR"),
+            std::string::npos);
   env["OMPI_COMM_WORLD_SIZE"] = "2";  // mpirun inside an allocation: mpi wins over slurm
   EXPECT_EQ(detect_init_method(env), "mpi://");
   env.insert({{"MASTER_ADDR", "h"}, {"RANK", "0"}, {"WORLD_SIZE", "2"}});  // torchrun/ringrun wins

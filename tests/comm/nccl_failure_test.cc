@@ -118,6 +118,7 @@ TEST_F(NcclFailure, AbortFromAnotherThreadWhileCollectivesAreInFlight) {
   DataPtr buffer = allocate_bytes(kCount * sizeof(float), Device::cuda(0));
   BufferRef ref{buffer.get(), kCount, DType::kFloat32, Device::cuda(0)};
   std::atomic<bool> stop{false};
+  std::atomic<bool> issuer_done{false};
   std::atomic<int> completed{0};
   std::string first_failure;
   // The issuing thread keeps up to 8 allreduces queued on the comm thread.
@@ -135,8 +136,17 @@ TEST_F(NcclFailure, AbortFromAnotherThreadWhileCollectivesAreInFlight) {
     } catch (const std::exception& e) {
       first_failure = e.what();
     }
+    issuer_done = true;
   });
-  while (completed.load() < 50) std::this_thread::sleep_for(1ms);
+  const auto give_up = std::chrono::steady_clock::now() + 60s;
+  while (completed.load() < 50 && !issuer_done.load() && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(1ms);
+  if (issuer_done.load() || completed.load() < 50) {
+    stop = true;
+    issuer.join();
+    FAIL() << "the allreduces did not run before the abort: " << completed.load()
+           << " completed; error: " << first_failure;
+  }
   const double abort_took = seconds_taken([&] { group->abort("the test pulls the plug"); });
   std::this_thread::sleep_for(100ms);
   stop = true;

@@ -58,7 +58,13 @@ class StreamBlocker {
     EXPECT_EQ(cudaLaunchHostFunc(static_cast<cudaStream_t>(stream.handle()), &StreamBlocker::hold, this),
               cudaSuccess);
   }
-  ~StreamBlocker() { release(); }
+  // Releases the stream and waits (at most 30 s) until the callback has returned, so
+  // the callback never touches a destroyed blocker (an ASSERT may end the test early).
+  ~StreamBlocker() {
+    release();
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait_for(lock, std::chrono::seconds(30), [&] { return finished_; });
+  }
   StreamBlocker(const StreamBlocker&) = delete;
   StreamBlocker& operator=(const StreamBlocker&) = delete;
   void release() {
@@ -68,14 +74,19 @@ class StreamBlocker {
   }
 
  private:
-  static void CUDART_CB hold(void* self) {  // runs on a CUDA thread; must not call CUDA
+  // Runs on a CUDA thread: must not call CUDA. It waits for the test thread only,
+  // which never waits for this stream while the blocker holds it.
+  static void CUDART_CB hold(void* self) {
     auto* blocker = static_cast<StreamBlocker*>(self);
     std::unique_lock<std::mutex> lock(blocker->mutex_);
     blocker->changed_.wait(lock, [&] { return blocker->released_; });
+    blocker->finished_ = true;
+    blocker->changed_.notify_all();
   }
   std::mutex mutex_;
   std::condition_variable changed_;
   bool released_ = false;
+  bool finished_ = false;
 };
 #endif
 
@@ -389,6 +400,10 @@ TEST_F(CudaTest, PinnedBufferIsNotReusedWhileACopyOnAnotherStreamMayStillReadIt)
     cuda::StreamGuard on_side(side);
     kernels::cuda::memcpy_bytes(dev.get(), kCuda, pinned.get(), Device::cpu(), kBytes);
   }  // dropped while the copy that reads it is still queued behind the blocker
+  // The legacy default stream, current when the buffer was dropped, is idle (it does
+  // not wait for the non-blocking side stream): an event recorded there at free time,
+  // as the old allocator did, has completed now, so the old code would reuse the buffer.
+  cuda::Stream::default_stream(0).synchronize();
   DataPtr next = allocate_pinned_host_bytes(kBytes);
   EXPECT_NE(next.get(), first) << "the pinned buffer was handed out again before the copy reading it ran";
   std::memset(next.get(), 0xff, kBytes);  // what the next batch would do to it
