@@ -474,8 +474,30 @@ std::optional<CheckpointInfo> CheckpointManager::restore_latest(const Checkpoint
   return load_checkpoint(*stem, targets);
 }
 
+namespace {
+// The cheap half of open_checkpoint's checks, for pruning: the record parses as a
+// checkpoint record and its tensor file has the recorded size (no CRC: reading every
+// kept checkpoint back at each save would double the checkpoint I/O).
+bool looks_complete(const std::string& stem) {
+  std::optional<std::string> text = slurp(json_path(stem));
+  if (!text) return false;
+  json m = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!m.is_object() || m.value("format", "") != kFormat || !m.contains("tensors_file") ||
+      !m["tensors_file"].is_string() || !m.contains("tensors_bytes") || !m["tensors_bytes"].is_number_unsigned())
+    return false;
+  std::error_code ec;
+  const auto size = fs::file_size(fs::path(stem).parent_path() / m["tensors_file"].get<std::string>(), ec);
+  return !ec && size == m["tensors_bytes"].get<uint64_t>();
+}
+}  // namespace
+
 void CheckpointManager::prune(const std::string& just_written) const {
-  std::vector<std::string> stems = list();
+  // Only complete checkpoints count towards keep_last and only they are deleted: a
+  // damaged one (a bad record, a truncated file) is left for a person to look at,
+  // and must not push the last good ones out.
+  std::vector<std::string> stems;
+  for (std::string& stem : list())
+    if (stem == just_written || looks_complete(stem)) stems.push_back(std::move(stem));
   if (static_cast<int>(stems.size()) <= keep_last_) return;
   const size_t n_drop = stems.size() - static_cast<size_t>(keep_last_);
   std::error_code ec;

@@ -99,7 +99,9 @@ CheckpointInfo load_checkpoint(const std::string& stem, const CheckpointTargets&
 // that already has a checkpoint. A committed checkpoint is never written over.
 class CheckpointManager {
  public:
-  // keep_last >= 1: after each save, older checkpoints beyond the newest keep_last are deleted.
+  // keep_last >= 1: after each save, complete checkpoints older than the newest keep_last
+  // complete ones are deleted. A damaged one (unreadable record, tensor file of the
+  // wrong size) is never deleted and does not count: it is left for a person.
   explicit CheckpointManager(std::string directory, int keep_last = 3, std::string prefix = "ckpt");
 
   // Saves as <prefix>-<progress.step>, or <prefix>-<progress.step>-<n> with the next

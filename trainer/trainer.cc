@@ -287,17 +287,31 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
     // Rank 0 chooses the checkpoint and every rank loads that one: ranks choosing on
     // their own could disagree (a directory that is not shared, a save racing the
     // listing) and would then train from different states without noticing.
-    std::string stem;
+    // Rank 0's choice travels as {"stem": ..., "error": ...}: when it cannot choose,
+    // every rank fails with its reason instead of waiting.
+    nlohmann::json choice{{"stem", ""}, {"error", ""}};
     if (global_zero) {
       if (o.resume == "auto") {
         std::vector<std::string> skipped;
-        stem = checkpoints->latest_valid(&skipped).value_or("");
+        choice["stem"] = checkpoints->latest_valid(&skipped).value_or("");
         for (const auto& s : skipped) std::cerr << "trainer: skipped an invalid checkpoint: " << s << "\n";
+        if (choice["stem"] == "" && !skipped.empty()) {
+          // Starting fresh here would soon rotate the damaged checkpoints away; they
+          // may be all that is left of the run (a bad JSON record, say, with intact tensors).
+          std::string reasons;
+          for (const auto& s : skipped) reasons += "\n  " + s;
+          choice["error"] = detail::concat(
+              "Trainer: ", o.checkpoint_dir, " holds ", skipped.size(),
+              " checkpoint(s) and none is valid, so resume=\"auto\" will not start over on top of them "
+              "(nothing was deleted). Repair or move them, or set resume=\"never\" to start fresh:", reasons);
+        }
       } else if (o.resume != "never") {
-        stem = o.resume;
+        choice["stem"] = o.resume;
       }
     }
-    if (group) stem = broadcast_string(*group, stem, 0);
+    if (group) choice = nlohmann::json::parse(broadcast_string(*group, choice.dump(), 0));
+    if (!choice["error"].get<std::string>().empty()) throw Error(choice["error"].get<std::string>());
+    const std::string stem = choice["stem"].get<std::string>();
     std::optional<nn::CheckpointInfo> info;
     if (!stem.empty()) {
       if (!group) {
@@ -326,6 +340,19 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
       global_step = info->progress.step;
       if (info->extra.is_object()) {
         skip_batches = info->extra.value("batches_into_epoch", int64_t{0});
+        // "k batches into the epoch" names the same samples only with the same batch
+        // size, world size and seed (the sampler's order). Otherwise the epoch starts
+        // over: some samples are seen twice, none is skipped.
+        const nlohmann::json saved_layout = info->extra.value("data_layout", nlohmann::json());
+        const nlohmann::json layout = {{"batch_size", o.batch_size}, {"world_size", world}, {"seed", o.seed}};
+        if (skip_batches > 0 && saved_layout.is_object() && saved_layout != layout) {
+          if (global_zero)
+            std::printf("trainer: %s stopped %lld batches into epoch %lld with %s; this run has %s, so that "
+                        "position means other samples: epoch %lld restarts from its first batch\n",
+                        info->stem.c_str(), (long long)skip_batches, (long long)info->progress.epoch,
+                        saved_layout.dump().c_str(), layout.dump().c_str(), (long long)info->progress.epoch);
+          skip_batches = 0;
+        }
         if (info->extra.contains("scaler")) scaler.load_state_dict(info->extra["scaler"]);
         result.skipped_steps = info->extra.value("skipped_steps", int64_t{0});
       }
@@ -352,6 +379,8 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
     if (!checkpoints || !global_zero) return;
     checkpoints->save(targets, {epoch, global_step},
                       nlohmann::json{{"batches_into_epoch", batches_into_epoch},
+                                     {"data_layout", {{"batch_size", o.batch_size}, {"world_size", world},
+                                                      {"seed", o.seed}}},
                                      {"scaler", scaler.state_dict()},
                                      {"skipped_steps", result.skipped_steps}});
   };

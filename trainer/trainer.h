@@ -16,8 +16,11 @@
 //      DataParallel (dp), or DDP over DataParallel (ddp2);
 //   3. shard the data with a DistributedSampler (seed + epoch), evaluate with its
 //      exact mode so every validation example counts once;
-//   4. resume (resume="auto": the newest valid checkpoint, if any): rank 0 picks
-//      it, every rank loads that one, and if any rank cannot, all fail naming it;
+//   4. resume (resume="auto": the newest valid checkpoint, if any; checkpoints that
+//      are all damaged are an error, not a fresh start): rank 0 picks it, every rank
+//      loads that one, and if any rank cannot, all fail naming it; a checkpoint taken
+//      inside an epoch is continued at that batch only with the same batch size,
+//      world size and seed (otherwise the epoch restarts, with a message);
 //      module-owned generators (seeded Dropout) are saved and restored too;
 //      then one poll: a signal that came during start-up stops the run here
 //      (nothing trained, so nothing to save; requeued on SIGUSR1);

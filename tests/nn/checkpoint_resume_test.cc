@@ -261,6 +261,28 @@ TEST_F(CheckpointTest, CorruptAndTruncatedCheckpointsAreRejectedAndSkipped) {
   expect_ckpt_error([&] { read_checkpoint_info((dir_ / "nothing").string()); }, {"nothing.json", "not found"});
 }
 
+// Rotation neither deletes nor counts a damaged checkpoint: with keep_last = 1, a bad
+// newest record once pushed out the last good checkpoint (and then the damaged one
+// went too), leaving nothing to resume from.
+TEST_F(CheckpointTest, PruningLeavesDamagedCheckpointsAloneAndKeepsKGoodOnes) {
+  TrainingRun run(1, false);
+  CheckpointManager mgr(dir_.string(), 1);
+  std::string s1 = mgr.save(run.targets(), {0, 1});
+  std::string s2 = mgr.save(run.targets(), {0, 2});
+  std::ofstream(s2 + ".json") << "{garbage";                      // a bad record, tensors intact
+  std::string s3 = mgr.save(run.targets(), {0, 3});
+  fs::resize_file(s3 + ".safetensors", 1000);                     // a truncated tensor file
+  std::string s4 = mgr.save(run.targets(), {0, 4});
+  std::string s5 = mgr.save(run.targets(), {0, 5});
+  EXPECT_FALSE(fs::exists(s1 + ".json")) << "a good checkpoint beyond keep_last stays";
+  EXPECT_FALSE(fs::exists(s4 + ".json")) << "a good checkpoint beyond keep_last stays";
+  for (const std::string& damaged : {s2, s3}) {
+    EXPECT_TRUE(fs::exists(damaged + ".json")) << damaged << " was deleted";
+    EXPECT_TRUE(fs::exists(damaged + ".safetensors")) << damaged << " was deleted";
+  }
+  EXPECT_EQ(*mgr.latest_valid(), s5);
+}
+
 TEST_F(CheckpointTest, DifferentModelListsEveryMismatchAndLoadsNothing) {
   TrainingRun run(1, false);
   run.train_epoch();

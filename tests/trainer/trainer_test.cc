@@ -242,6 +242,55 @@ TEST(TrainerTest, ASecondSaveAtTheSameStepNeverDestroysTheFirst) {
   fs::remove_all(dir);
 }
 
+// resume="auto" over a directory whose checkpoints are all damaged: an error that lists
+// them, and nothing deleted. Starting fresh used to follow, and its first saves rotated
+// the damaged (maybe repairable) checkpoints away. resume="never" still starts over.
+TEST(TrainerTest, AllCheckpointsDamagedIsAnErrorNotAFreshStart) {
+  fs::path dir = fresh_dir("rt_trainer_damaged");
+  auto data = blobs(64, 2);
+  TrainerOptions o = quiet({.max_epochs = 2, .batch_size = 16, .checkpoint_dir = dir.string(), .keep_last = 1});
+  BlobClassifier first(3);
+  Trainer(o).fit(first, data);
+  std::vector<std::string> stems = nn::CheckpointManager(dir.string(), 1).list();
+  ASSERT_FALSE(stems.empty());
+  for (const std::string& stem : stems) std::ofstream(stem + ".json") << "{garbage";
+  BlobClassifier second(3);
+  try {
+    Trainer(o).fit(second, data);
+    ADD_FAILURE() << "trained from scratch over damaged checkpoints";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("none is valid"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("resume=\"never\""), std::string::npos) << e.what();
+  }
+  for (const std::string& stem : stems) EXPECT_TRUE(fs::exists(stem + ".safetensors")) << stem;
+  TrainerOptions fresh = o;
+  fresh.resume = "never";
+  BlobClassifier third(3);
+  EXPECT_EQ(Trainer(fresh).fit(third, data).global_step, 8);
+  for (const std::string& stem : stems) EXPECT_TRUE(fs::exists(stem + ".safetensors")) << stem;
+  fs::remove_all(dir);
+}
+
+// A checkpoint taken k batches into an epoch, resumed with another batch size: "k
+// batches" means other samples, so the epoch restarts (nothing skipped) and says so.
+TEST(TrainerTest, ResumingWithAnotherBatchSizeRestartsTheEpoch) {
+  fs::path dir = fresh_dir("rt_trainer_layout");
+  auto data = blobs(160, 5);
+  TrainerOptions o = quiet({.max_epochs = 1, .batch_size = 16, .checkpoint_dir = dir.string(),
+                            .simulate_signal_at_step = 5});
+  BlobClassifier first(3);
+  EXPECT_TRUE(Trainer(o).fit(first, data).stopped_early);
+  o.simulate_signal_at_step = -1;
+  o.batch_size = 32;  // 5 steps of 16 were 80 samples; 5 batches of 32 would skip 160
+  BlobClassifier second(3);
+  ::testing::internal::CaptureStdout();
+  FitResult r = Trainer(o).fit(second, data);
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("restarts from its first batch"), std::string::npos) << out;
+  EXPECT_EQ(r.global_step, 5 + 5);  // the whole epoch again: 160 / 32 batches
+  fs::remove_all(dir);
+}
+
 // A signal during start-up (simulated as "after 0 steps"): stop before training,
 // nothing to save, no checkpoint written; a later run starts from the beginning.
 TEST(TrainerTest, SignalBeforeTheFirstStepStopsWithoutTraining) {
