@@ -8,4 +8,49 @@ add_executable(core_to_core ${CMAKE_CURRENT_LIST_DIR}/core_to_core.cc)
 target_link_libraries(core_to_core PRIVATE ringtrain::comm CLI11::CLI11 Threads::Threads)
 target_compile_options(core_to_core PRIVATE -Wall -Wextra)
 
-# Its bench-smoke tests are registered in tests/comm/CMakeLists.txt (after enable_testing()).
+# Their smoke runs are registered in tests/comm/CMakeLists.txt; their bad-input tests here.
+if(RINGTRAIN_BUILD_TESTS)
+  set(bench_no_dir ${CMAKE_CURRENT_BINARY_DIR}/no-such-dir)
+  # Counts out of range are CLI11 errors naming the option (they used to crash on empty medians).
+  ringtrain_bench_expect_error(bench.comm_sweep.zero_iters EXPECT "--iters: Value 0 not in range 1 to"
+                               COMMAND $<TARGET_FILE:comm_sweep> --max-bytes 64 --iters 0)
+  ringtrain_bench_expect_error(bench.comm_sweep.negative_warmup EXPECT "--warmup: Value -3 not in range 0 to"
+                               COMMAND $<TARGET_FILE:comm_sweep> --max-bytes 64 --warmup -3)
+  # Configuration and environment errors are messages, not std::terminate.
+  ringtrain_bench_expect_error(bench.comm_sweep.unknown_backend EXPECT "--backend: foo not in"
+                               COMMAND $<TARGET_FILE:comm_sweep> --backend foo)
+  ringtrain_bench_expect_error(bench.comm_sweep.bad_master_port
+                               EXPECT "comm_sweep: environment variable MASTER_PORT='abc' is not an integer"
+                               ENVIRONMENT MASTER_ADDR=127.0.0.1 MASTER_PORT=abc WORLD_SIZE=1 RANK=0
+                               COMMAND $<TARGET_FILE:comm_sweep> --max-bytes 64)
+  # Sizes: one strict parser (bench/bench_cli.h); no more "1.5K" = 1024 or "-1" = 2^64 - 1.
+  foreach(size abc 1.5K -1)
+    ringtrain_bench_expect_error(bench.comm_sweep.size_${size}
+                                 EXPECT "--max-bytes: '${size}' is not a byte count. expected digits with an optional K, M or G"
+                                 COMMAND $<TARGET_FILE:comm_sweep> --max-bytes ${size})
+  endforeach()
+  ringtrain_bench_expect_error(bench.comm_sweep.size_above_4G EXPECT "--max-bytes: '8G' is not in \\[4 - 4G\\]"
+                               COMMAND $<TARGET_FILE:comm_sweep> --max-bytes 8G)
+  # An unwritable --json stops the run before the sweep, not silently after it.
+  ringtrain_bench_expect_error(bench.comm_sweep.json_unwritable
+                               EXPECT "comm_sweep: cannot write --json ${bench_no_dir}/x.json: No such file or directory"
+                               FORBID "total #wrong"
+                               COMMAND $<TARGET_FILE:comm_sweep> --max-bytes 64 --json ${bench_no_dir}/x.json)
+
+  # core_to_core: sizes through the same parser ("4k" was 4 bytes, "1G" 1 byte), the ring
+  # bounded as the transport bounds it, and a ring too large for memory an error, not a SIGSEGV.
+  add_test(NAME bench.core_to_core.lower_case_unit COMMAND $<TARGET_FILE:core_to_core> --message 4k --reps 2)
+  set_tests_properties(bench.core_to_core.lower_case_unit PROPERTIES LABELS bench-smoke TIMEOUT 60
+                       SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "message 4096 B through")
+  ringtrain_bench_expect_error(bench.core_to_core.size_abc EXPECT "--message: 'abc' is not a byte count"
+                               COMMAND $<TARGET_FILE:core_to_core> --message abc)
+  ringtrain_bench_expect_error(bench.core_to_core.slot_bytes_wrap
+                               EXPECT "--slot-bytes: '18446744073709551552' is not in \\[64 - 1G\\]"
+                               COMMAND $<TARGET_FILE:core_to_core> --slot-bytes 18446744073709551552)
+  ringtrain_bench_expect_error(bench.core_to_core.slot_bytes_not_multiple_of_64
+                               EXPECT "--slot-bytes: 100 bytes is not a multiple of 64"
+                               COMMAND $<TARGET_FILE:core_to_core> --slot-bytes 100)
+  ringtrain_bench_expect_error(bench.core_to_core.ring_too_large
+                               EXPECT "core_to_core: --message 64 \\(twice\\) with --slots 1024 x --slot-bytes 1G needs at least"
+                               COMMAND $<TARGET_FILE:core_to_core> --message 64 --slot-bytes 1G --slots 1024 --reps 1)
+endif()

@@ -40,10 +40,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <vector>
 
+#include "bench/bench_cli.h"
 #include "comm/cuda_staging.h"
 #include "comm/init.h"
 #include "comm/mpi_runtime.h"
@@ -59,6 +61,7 @@ namespace {
 using Seconds = std::chrono::duration<double>;
 
 double median(std::vector<double> values) {
+  if (values.empty()) throw std::logic_error("median of no samples");
   std::sort(values.begin(), values.end());
   size_t n = values.size();
   return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
@@ -77,22 +80,32 @@ float expected_sum(int n, size_t i) {
   return static_cast<float>(n * static_cast<int>(i % 7) + n * (n - 1) / 2);
 }
 
-}  // namespace
+// The largest --max-bytes: MPI_Allreduce counts its elements in an int, and the
+// sweep doubles the size up to it.
+constexpr uint64_t kMaxBytes = uint64_t{4} << 30;
 
-int main(int argc, char** argv) {
+// The program; main() turns its exceptions into a message and an exit code.
+int run(int argc, char** argv, std::shared_ptr<ProcessGroup>& pg) {
   CLI::App app{"comm_sweep: allreduce bandwidth sweep (nccl-tests columns), ours vs MPI_Allreduce"};
   std::string backend = "ring";
-  std::string min_text = "8";
-  std::string max_text = "256M";
+  uint64_t min_bytes = 8;
+  uint64_t max_bytes = uint64_t{256} << 20;
   int warmup = 3;
   int iters = 20;
   bool mpi_reference = true;
   std::string json_path;
-  app.add_option("--backend", backend, "ring, mpi or nccl")->capture_default_str();
-  app.add_option("--min-bytes", min_text, "smallest size (K, M, G suffixes)")->capture_default_str();
-  app.add_option("--max-bytes", max_text, "largest size")->capture_default_str();
-  app.add_option("--warmup", warmup, "untimed repetitions per size")->capture_default_str();
+  app.add_option("--backend", backend, "ring, mpi or nccl")
+      ->check(CLI::IsMember({"ring", "mpi", "nccl"}))
+      ->capture_default_str();
+  bench::add_byte_size_option(app, "--min-bytes", min_bytes, "smallest size; below 4 means 4 (one float)", 0,
+                              kMaxBytes);
+  bench::add_byte_size_option(app, "--max-bytes", max_bytes,
+                              "largest size, at most 4G (MPI_Allreduce counts elements in an int)", 4, kMaxBytes);
+  app.add_option("--warmup", warmup, "untimed repetitions per size")
+      ->check(CLI::Range(0, std::numeric_limits<int>::max()))
+      ->capture_default_str();
   app.add_option("--iters", iters, "timed repetitions per size (fewer above 16 MiB, at least 5)")
+      ->check(CLI::Range(1, std::numeric_limits<int>::max()))
       ->capture_default_str();
   app.add_flag("!--no-mpi", mpi_reference, "skip the MPI_Allreduce reference");
   std::string buffers = "private";
@@ -107,26 +120,16 @@ int main(int argc, char** argv) {
                  "Work::wait: DDP's path)")
       ->check(CLI::IsMember({"blocking", "async"}))
       ->capture_default_str();
-  app.add_option("--json", json_path, "also write the rows as JSON (for the plot)");
+  app.add_option("--json", json_path, "also write the rows as JSON (for the plot; checked before the sweep)");
   std::string device_text = "cpu";
   app.add_option("--device", device_text, "where our buffer lives: cpu or cuda")
       ->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   const Launch launch = launch_text == "blocking" ? Launch::kBlocking : Launch::kAsync;
-  auto parse_size = [](std::string text) {
-    size_t scale = 1;
-    char last = text.empty() ? ' ' : static_cast<char>(std::toupper(text.back()));
-    if (last == 'K' || last == 'M' || last == 'G') {
-      scale = last == 'K' ? 1u << 10 : last == 'M' ? 1u << 20 : 1u << 30;
-      text.pop_back();
-    }
-    return static_cast<size_t>(std::stoull(text)) * scale;
-  };
-  const size_t min_bytes = std::max<size_t>(4, parse_size(min_text));
-  const size_t max_bytes = parse_size(max_text);
+  min_bytes = std::max<uint64_t>(4, min_bytes);
   if (min_bytes > max_bytes) {
-    std::fprintf(stderr, "comm_sweep: --min-bytes %zu is larger than --max-bytes %zu: no size to measure\n",
-                 min_bytes, max_bytes);
+    std::fprintf(stderr, "comm_sweep: --min-bytes %llu is larger than --max-bytes %llu: no size to measure\n",
+                 static_cast<unsigned long long>(min_bytes), static_cast<unsigned long long>(max_bytes));
     return 2;
   }
 
@@ -136,7 +139,7 @@ int main(int argc, char** argv) {
   }
   InitOptions options;
   options.backend = backend;
-  auto pg = init_process_group(options);
+  pg = init_process_group(options);
   Device device = Device::cpu();
   if (device_text == "cuda") {
     device = Device::cuda(local_cuda_device());
@@ -150,6 +153,26 @@ int main(int argc, char** argv) {
   if (mpi_reference && (!mpi_initialized || launch_info().method != "mpi")) {
     if (rank == 0) std::printf("# MPI reference skipped: not launched by mpirun (init %s)\n", launch_info().method.c_str());
     mpi_reference = false;
+  }
+  // The output file is rank 0's; found unwritable there, every rank stops now, not
+  // after the sweep.
+  int unwritable = 0;
+  std::string path_error;
+  if (rank == 0 && !json_path.empty()) {
+    path_error = bench::check_writable("--json", json_path);
+    unwritable = path_error.empty() ? 0 : 1;
+  }
+  // Said before the others learn of it: a launcher may stop rank 0 once a rank exits.
+  if (unwritable) std::fprintf(stderr, "comm_sweep: %s\n", path_error.c_str());
+  pg->allreduce({&unwritable, 1, DType::kInt32}, ReduceOp::kMax).wait();
+  if (unwritable) return 2;
+  const size_t capacity = max_bytes / sizeof(float) + 1;
+  // The input's pristine copy and the buffer reduced in place, on every rank.
+  if (std::string error = bench::check_fits_in_memory(
+          2.0 * static_cast<double>(capacity * sizeof(float)),
+          "--max-bytes " + bench::format_byte_size(max_bytes) + " (two buffers of it per rank)");
+      !error.empty()) {
+    throw std::runtime_error(error + "; use a smaller --max-bytes");
   }
 
   // ---- memcpy bandwidth, the roof: rank 0 copies 64 MiB while the others wait.
@@ -191,7 +214,6 @@ int main(int argc, char** argv) {
 
   nlohmann::json rows = nlohmann::json::array();
   int64_t total_wrong = 0;
-  const size_t capacity = max_bytes / sizeof(float) + 1;
   std::vector<float> pristine(capacity), private_data;
   for (size_t i = 0; i < capacity; ++i) pristine[i] = input_value(rank, i);
   std::shared_ptr<SymmetricBuffer> symmetric;
@@ -218,7 +240,7 @@ int main(int argc, char** argv) {
     device_data = allocate_bytes(capacity * sizeof(float), device);
   }
 
-  for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
+  for (uint64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
     const size_t count = bytes / sizeof(float);
     // Above 16 MiB, fewer repetitions (the same bytes as iters at 16 MiB), at least 5.
     const size_t kLarge = size_t{16} << 20;
@@ -344,11 +366,29 @@ int main(int argc, char** argv) {
     }
     std::printf("# total #wrong: %lld\n", static_cast<long long>(total_wrong));
     if (!json_path.empty()) {
-      std::ofstream out(json_path);
-      out << nlohmann::json{{"ranks", n}, {"backend", backend}, {"buffers", buffers}, {"device", device.str()}, {"launch", launch_text}, {"memcpy_gbps", memcpy_gbps}, {"memcpy_after_gbps", memcpy_after_gbps}, {"rows", rows}}.dump(1);
+      const std::string text = nlohmann::json{{"ranks", n}, {"backend", backend}, {"buffers", buffers}, {"device", device.str()}, {"launch", launch_text}, {"memcpy_gbps", memcpy_gbps}, {"memcpy_after_gbps", memcpy_after_gbps}, {"rows", rows}}.dump(1);
+      if (std::string error = bench::write_text_file("--json", json_path, text); !error.empty()) {
+        std::fprintf(stderr, "comm_sweep: %s\n", error.c_str());
+        return 2;
+      }
     }
   }
   symmetric.reset();
   pg.reset();
   return total_wrong == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Every error after parsing ends here: printed, and the other ranks told
+  // (ProcessGroup::abort) so that they fail with it instead of a timeout.
+  std::shared_ptr<ProcessGroup> pg;
+  try {
+    return run(argc, argv, pg);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "comm_sweep: %s\n", e.what());
+    if (pg) pg->abort(e.what());
+    return 2;
+  }
 }

@@ -30,11 +30,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "bench/bench_cli.h"
 #include "comm/reduce.h"
+#include "comm/transport.h"
 
 namespace {
 
@@ -61,6 +65,7 @@ inline void spin_pause() {
 }
 
 double median(std::vector<double> v) {
+  if (v.empty()) throw std::logic_error("median of no samples");
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
@@ -95,8 +100,13 @@ struct StreamResult {
 // consumer on cpu_b copies each into its buffer, and checks it once the message is complete.
 StreamResult stream(int cpu_a, int cpu_b, size_t message, size_t slot_bytes, size_t slots, int reps) {
   std::vector<unsigned char> source(message), sink(message);
+  // slot_bytes <= 1 GiB and slots <= 1024 (checked in main): the product cannot wrap.
   std::unique_ptr<unsigned char, decltype(&std::free)> ring(
       static_cast<unsigned char*>(std::aligned_alloc(64, slot_bytes * slots)), &std::free);
+  if (!ring) {
+    throw std::runtime_error("cannot allocate the ring of --slots " + std::to_string(slots) + " x --slot-bytes " +
+                             ringtrain::bench::format_byte_size(slot_bytes) + ": out of memory; use fewer or smaller slots");
+  }
   std::memset(ring.get(), 0, slot_bytes * slots);
   Flag head, tail, round;  // slots published, slots consumed; the round being checked
   std::atomic<int> wrong{0};
@@ -157,33 +167,40 @@ double memcpy_gbps(int cpu) {
   return static_cast<double>(bytes) / median(seconds) / 1e9;
 }
 
-size_t parse_size(std::string text) {
-  size_t scale = 1;
-  if (!text.empty() && (text.back() == 'K' || text.back() == 'M')) {
-    scale = text.back() == 'K' ? size_t{1} << 10 : size_t{1} << 20;
-    text.pop_back();
-  }
-  return static_cast<size_t>(std::stoull(text)) * scale;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"core_to_core: cache-line latency and slot-stream bandwidth between two CPUs, beside memcpy"};
+  using ringtrain::comm::ShmLayout;
   std::vector<int> cpus = {0, 1};
-  std::string message_text = "1M", slot_text = "128K";
+  uint64_t message = uint64_t{1} << 20, slot_bytes = uint64_t{128} << 10;
   size_t slots = 8;
   int reps = 200;
   app.add_option("--cpus", cpus, "the two CPUs (producer, consumer)")->delimiter(',')->expected(2)->capture_default_str();
-  app.add_option("--message", message_text, "bytes per message (K, M suffixes)")->capture_default_str();
-  app.add_option("--slot-bytes", slot_text, "slot size, as RINGTRAIN_SHM_SLOT_BYTES")->capture_default_str();
-  app.add_option("--slots", slots, "slots in the ring, as RINGTRAIN_SHM_SLOTS")->check(CLI::Range(1, 1024))->capture_default_str();
+  ringtrain::bench::add_byte_size_option(app, "--message", message, "bytes per message", 1);
+  // The transport's own bounds (comm/transport.h), which keep slots x slot size within 1 TiB.
+  ringtrain::bench::add_byte_size_option(app, "--slot-bytes", slot_bytes,
+                                         "slot size, as RINGTRAIN_SHM_SLOT_BYTES: a multiple of 64", 64,
+                                         ShmLayout::kMaxSlotBytes)
+      ->check(CLI::Validator(
+          [](std::string& text) {  // the byte count in digits, after the transform
+            return std::stoull(text) % 64 == 0 ? std::string() : text + " bytes is not a multiple of 64 (a cache line)";
+          },
+          "", "multiple of 64"));
+  app.add_option("--slots", slots, "slots in the ring, as RINGTRAIN_SHM_SLOTS")
+      ->check(CLI::Range(size_t{1}, static_cast<size_t>(ShmLayout::kMaxSlots)))
+      ->capture_default_str();
   app.add_option("--reps", reps, "messages timed (median)")->check(CLI::Range(1, 1000000))->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
-    const size_t message = parse_size(message_text), slot_bytes = parse_size(slot_text);
-    if (message == 0 || slot_bytes == 0 || slot_bytes % 64 != 0) {
-      std::fprintf(stderr, "core_to_core: --message must be positive and --slot-bytes a positive multiple of 64\n");
+    // The message twice (sent, received), the ring, and memcpy's 2 x 64 MiB.
+    const std::string too_large = ringtrain::bench::check_fits_in_memory(
+        2.0 * static_cast<double>(message) + static_cast<double>(slot_bytes) * static_cast<double>(slots) +
+            static_cast<double>(size_t{128} << 20),
+        "--message " + ringtrain::bench::format_byte_size(message) + " (twice) with --slots " +
+            std::to_string(slots) + " x --slot-bytes " + ringtrain::bench::format_byte_size(slot_bytes));
+    if (!too_large.empty()) {
+      std::fprintf(stderr, "core_to_core: %s\n", too_large.c_str());
       return 2;
     }
     const unsigned online = std::thread::hardware_concurrency();
@@ -204,6 +221,10 @@ int main(int argc, char** argv) {
     std::printf("cache-line latency %.0f ns | stream %.1f us = %.2f GB/s | memcpy 64 MiB on CPU %d %.2f GB/s | #wrong %d\n",
                 latency, s.median_us, static_cast<double>(message) / s.median_us / 1e3, cpus[0], copy, s.wrong);
     return s.wrong == 0 ? 0 : 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "core_to_core: out of memory for --message %s; use a smaller one\n",
+                 ringtrain::bench::format_byte_size(message).c_str());
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "core_to_core: %s\n", e.what());
     return 2;

@@ -12,5 +12,36 @@ if(TARGET ringtrain_ddp)
                      --warmup 1 --rounds 2 --steps 2 --sweep-mb 0.01 1)
     set_tests_properties(bench_ddp_step_smoke_mpirun_np2 PROPERTIES LABELS bench-smoke TIMEOUT 120
                          PASS_REGULAR_EXPRESSION "#wrong = 0")
+    # Bad input, one rank (no launcher): errors that name the option, not std::terminate,
+    # a crash, or a table of zeros and -nan%.
+    set(ddp_small --in-features 8 --width 8 --hidden 1 --batch 4 --warmup 1 --rounds 1 --steps 1 --sweep-mb 1)
+    foreach(case "width;0;1" "hidden;-1;0" "rounds;0;1" "steps;0;1" "warmup;-1;0")
+      list(GET case 0 flag)
+      list(GET case 1 value)
+      list(GET case 2 low)
+      ringtrain_bench_expect_error(bench.ddp_step.${flag}_${value}
+                                   EXPECT "--${flag}: Value ${value} not in range ${low} to"
+                                   COMMAND $<TARGET_FILE:ddp_step> --in-features 8 --batch 4 --sweep-mb 1
+                                           --${flag} ${value})
+    endforeach()
+    foreach(cap 0 -1)  # -1 MiB used to become a size_t near 2^64
+      ringtrain_bench_expect_error(bench.ddp_step.sweep_mb_${cap}
+                                   EXPECT "--sweep-mb: '${cap}' is not a bucket cap in MiB"
+                                   COMMAND $<TARGET_FILE:ddp_step> --in-features 8 --batch 4 --sweep-mb ${cap})
+    endforeach()
+    ringtrain_bench_expect_error(bench.ddp_step.unknown_backend EXPECT "--backend: foo not in"
+                                 COMMAND $<TARGET_FILE:ddp_step> --backend foo)
+    ringtrain_bench_expect_error(bench.ddp_step.bad_master_port
+                                 EXPECT "ddp_step: environment variable MASTER_PORT='abc' is not an integer"
+                                 ENVIRONMENT MASTER_ADDR=127.0.0.1 MASTER_PORT=abc WORLD_SIZE=1 RANK=0
+                                 COMMAND $<TARGET_FILE:ddp_step> ${ddp_small})
+    # Unwritable outputs stop the run before it starts (the trace used to abort after it).
+    foreach(output trace json)
+      ringtrain_bench_expect_error(bench.ddp_step.${output}_unwritable
+                                   EXPECT "ddp_step: cannot write --${output} ${CMAKE_CURRENT_BINARY_DIR}/no-such-dir/x.json: No such file or directory"
+                                   FORBID "#wrong"
+                                   COMMAND $<TARGET_FILE:ddp_step> ${ddp_small}
+                                           --${output} ${CMAKE_CURRENT_BINARY_DIR}/no-such-dir/x.json)
+    endforeach()
   endif()
 endif()

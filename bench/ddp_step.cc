@@ -37,15 +37,17 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
+#include <limits>
 #include <numeric>
+#include <stdexcept>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "autograd/autograd.h"
 #include "autograd/functions.h"
+#include "bench/bench_cli.h"
 #include "comm/init.h"
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/timeline.h"
@@ -121,33 +123,90 @@ int replicas_differ(comm::ProcessGroup& pg, nn::Module& m) {
   return lo == hi ? 0 : 1;
 }
 
-}  // namespace
+// A bucket cap in MiB that DdpOptions can take: at least one byte, at most 1 TiB.
+CLI::Validator bucket_cap_mib() {
+  return CLI::Validator(
+      [](std::string& text) {
+        double mib = 0;
+        if (!CLI::detail::lexical_cast(text, mib) || !(mib * (1 << 20) >= 1 && mib <= (1 << 20)))
+          return "'" + text + "' is not a bucket cap in MiB from 1 byte (1/1048576) to 1048576 (1 TiB)";
+        return std::string();
+      },
+      "", "bucket cap");
+}
 
-int main(int argc, char** argv) {
+// The program; main() turns its exceptions into a message and an exit code.
+int run(int argc, char** argv, std::shared_ptr<comm::ProcessGroup>& pg) {
   Config c;
+  constexpr int kIntMax = std::numeric_limits<int>::max();
+  constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
   CLI::App app{"DDP step benchmark: overlap, bucket sizes, hidden communication (run under mpirun/ringrun)"};
-  app.add_option("--backend", c.backend, "ring, mpi or nccl")->capture_default_str();
+  app.add_option("--backend", c.backend, "ring, mpi or nccl")
+      ->check(CLI::IsMember({"ring", "mpi", "nccl"}))
+      ->capture_default_str();
   app.add_option("--device", c.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
-  app.add_option("--in-features", c.in_features)->capture_default_str();
-  app.add_option("--width", c.width)->capture_default_str();
-  app.add_option("--hidden", c.hidden)->capture_default_str();
-  app.add_option("--batch", c.batch, "per-rank batch")->capture_default_str();
+  app.add_option("--in-features", c.in_features, "input features of the MLP")
+      ->check(CLI::Range(int64_t{1}, kInt64Max))
+      ->capture_default_str();
+  app.add_option("--width", c.width, "width of each hidden layer")
+      ->check(CLI::Range(int64_t{1}, kInt64Max))
+      ->capture_default_str();
+  app.add_option("--hidden", c.hidden, "hidden layers (Linear + ReLU); 0: one Linear to the classes")
+      ->check(CLI::Range(int64_t{0}, kInt64Max))
+      ->capture_default_str();
+  app.add_option("--batch", c.batch, "per-rank batch")->check(CLI::Range(int64_t{1}, kInt64Max))->capture_default_str();
   app.add_option("--warmup", c.warmup, "untimed steps per configuration before the first round")
+      ->check(CLI::Range(0, kIntMax))
       ->capture_default_str();
-  app.add_option("--rounds", c.rounds, "rounds; each times every configuration in turn")->capture_default_str();
+  app.add_option("--rounds", c.rounds, "rounds; each times every configuration in turn")
+      ->check(CLI::Range(1, kIntMax))
+      ->capture_default_str();
   app.add_option("--steps", c.steps, "timed steps per configuration per round (after one warm-up step)")
+      ->check(CLI::Range(1, kIntMax))
       ->capture_default_str();
-  app.add_option("--sweep-mb", c.sweep_mb, "bucket caps to sweep (MiB)");
+  app.add_option("--sweep-mb", c.sweep_mb, "bucket caps to sweep (MiB), one DDP configuration each")
+      ->check(bucket_cap_mib())
+      ->capture_default_str();
   app.add_flag("--gradient-as-bucket-view", c.grad_as_view,
-               "DdpOptions::gradient_as_bucket_view (no copy of gradients into buckets)");
-  app.add_option("--trace", c.trace, "write a Chrome trace of one DDP step (rank 0's view)");
-  app.add_option("--json", c.json_out, "write the results as JSON (rank 0)");
+               "DdpOptions::gradient_as_bucket_view: .grad stays a view of its bucket between steps (one "
+               "buffer per bucket); without it, each step hands the bucket's buffer to .grad and swaps a "
+               "fresh (or spare) one into the bucket. Either way backward writes the gradients into "
+               "bucket memory (autograd's gradient destinations)");
+  app.add_option("--trace", c.trace,
+                 "write a Chrome trace of one DDP step (rank 0's view; checked before the run)");
+  app.add_option("--json", c.json_out, "write the results as JSON (rank 0; checked before the run)");
   CLI11_PARSE(app, argc, argv);
 
   comm::InitOptions init;
   init.backend = c.backend;
-  auto pg = comm::init_process_group(init);
+  pg = comm::init_process_group(init);
   const int rank = pg->rank(), world = pg->size();
+  // The output files are rank 0's; found unwritable there, every rank stops now,
+  // not after the benchmark.
+  std::string path_error;
+  if (rank == 0) {
+    if (!c.trace.empty()) path_error = bench::check_writable("--trace", c.trace);
+    if (path_error.empty() && !c.json_out.empty()) path_error = bench::check_writable("--json", c.json_out);
+  }
+  // Said before the others learn of it: a launcher may stop rank 0 once a rank exits.
+  if (!path_error.empty()) std::fprintf(stderr, "ddp_step: %s\n", path_error.c_str());
+  int unwritable = path_error.empty() ? 0 : 1;
+  pg->allreduce({&unwritable, 1, DType::kInt32, Device::cpu()}, comm::ReduceOp::kMax).wait();
+  if (unwritable) return 2;
+  // A lower bound of what this rank allocates: the batch, and weights and gradients
+  // of every configuration's model (local, overlap, no overlap, the sweep).
+  // (In doubles: products of large arguments must not wrap.)
+  const double in = static_cast<double>(c.in_features), width = static_cast<double>(c.width);
+  const double params = (in + 1) * width + static_cast<double>(std::max<int64_t>(c.hidden - 1, 0)) * (width + 1) * width +
+                        ((c.hidden > 0 ? width : in) + 1) * static_cast<double>(c.classes);
+  const double models = 3.0 + static_cast<double>(c.sweep_mb.size());
+  if (std::string error = bench::check_fits_in_memory(
+          4.0 * (2.0 * models * params + static_cast<double>(c.batch) * in),
+          "the MLP (--in-features, --width, --hidden, --batch) in " + std::to_string(static_cast<int>(models)) +
+              " configurations");
+      !error.empty()) {
+    throw std::runtime_error(error);
+  }
   int wrong = 0;
   Device device = Device::cpu();
   if (c.device == "cuda") {
@@ -298,10 +357,26 @@ int main(int argc, char** argv) {
         j["rows"].push_back({{"name", r.name}, {"cap_mb", r.cap_mb}, {"buckets", r.buckets}, {"step_ms", r.t_ms},
                              {"t_comm_ms", r.t_comm}, {"comm_wait_ms", r.comm_wait_ms},
                              {"comm_cpu_ms", r.comm_cpu_ms}});
-      std::ofstream(c.json_out) << j.dump(2) << "\n";
+      if (std::string error = bench::write_text_file("--json", c.json_out, j.dump(2) + "\n"); !error.empty())
+        throw std::runtime_error(error);
     }
   }
   int any_wrong = wrong;
   pg->allreduce({&any_wrong, 1, DType::kInt32, Device::cpu()}, comm::ReduceOp::kMax).wait();
   return any_wrong ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Every error after parsing ends here: printed, and the other ranks told
+  // (ProcessGroup::abort) so that they fail with it instead of a timeout.
+  std::shared_ptr<comm::ProcessGroup> pg;
+  try {
+    return run(argc, argv, pg);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ddp_step: %s\n", e.what());
+    if (pg) pg->abort(e.what());
+    return 2;
+  }
 }

@@ -14,6 +14,29 @@ if(TARGET mlp_step)
   add_test(NAME bench_mlp_step_smoke
            COMMAND mlp_step --no-torch --in-features 32 --width 64 --batch 8 --warmup 1 --steps 2 --rounds 2)
   set_tests_properties(bench_mlp_step_smoke PROPERTIES LABELS bench-smoke TIMEOUT 120)
+  # No warm-up is a valid request (it used to fail on an undefined loss).
+  add_test(NAME bench.mlp_step.no_warmup
+           COMMAND mlp_step --no-torch --in-features 8 --width 8 --hidden 1 --batch 4 --warmup 0 --steps 1 --rounds 1)
+  set_tests_properties(bench.mlp_step.no_warmup PROPERTIES LABELS bench-smoke TIMEOUT 60)
+  # Bad input: errors that name the option, not a crash on empty medians.
+  if(RINGTRAIN_BUILD_TESTS)
+    set(mlp_small --no-torch --in-features 8 --width 8 --hidden 1 --batch 4 --warmup 1 --rounds 1 --steps 1
+                  --check-steps 1)
+    foreach(case "rounds;0;1" "steps;0;1" "width;0;1" "hidden;-1;0" "warmup;-1;0")
+      list(GET case 0 flag)
+      list(GET case 1 value)
+      list(GET case 2 low)
+      ringtrain_bench_expect_error(bench.mlp_step.${flag}_${value}
+                                   EXPECT "--${flag}: Value ${value} not in range ${low} to"
+                                   COMMAND $<TARGET_FILE:mlp_step> --no-torch --in-features 8 --batch 4
+                                           --check-steps 1 --${flag} ${value})
+    endforeach()
+    ringtrain_bench_expect_error(bench.mlp_step.json_unwritable
+                                 EXPECT "mlp_step: cannot write --json ${CMAKE_CURRENT_BINARY_DIR}/no-such-dir/x.json: No such file or directory"
+                                 FORBID "median ms/step"
+                                 COMMAND $<TARGET_FILE:mlp_step> ${mlp_small}
+                                         --json ${CMAKE_CURRENT_BINARY_DIR}/no-such-dir/x.json)
+  endif()
   execute_process(COMMAND /usr/bin/python3 -c "import torch" RESULT_VARIABLE ringtrain_no_torch
                   OUTPUT_QUIET ERROR_QUIET)
   if(ringtrain_no_torch EQUAL 0)

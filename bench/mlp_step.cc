@@ -31,8 +31,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <iostream>
+#include <limits>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,7 @@
 #include <nlohmann/json.hpp>
 
 #include "autograd/functions.h"
+#include "bench/bench_cli.h"
 #include "nn/layers.h"
 #include "nn/optim.h"
 #include "tensor/ops.h"
@@ -147,6 +149,7 @@ class TorchProcess {
 };
 
 double median(std::vector<double> v) {
+  if (v.empty()) throw std::logic_error("median of no samples");
   std::sort(v.begin(), v.end());
   size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
@@ -163,23 +166,51 @@ int main(int argc, char** argv) {
   std::string python = "/usr/bin/python3";
   std::string script = std::string(RINGTRAIN_SOURCE_DIR) + "/bench/mlp_step_torch.py";
   std::string json_out;
-  app.add_option("--in-features", in_features, "input width")->capture_default_str();
-  app.add_option("--width", width, "hidden width")->capture_default_str();
-  app.add_option("--hidden", hidden, "number of hidden layers")->capture_default_str();
-  app.add_option("--classes", classes, "output classes")->capture_default_str();
-  app.add_option("--batch", batch, "batch size")->capture_default_str();
+  constexpr int kIntMax = std::numeric_limits<int>::max();
+  constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+  app.add_option("--in-features", in_features, "input width")
+      ->check(CLI::Range(int64_t{1}, kInt64Max))
+      ->capture_default_str();
+  app.add_option("--width", width, "hidden width")->check(CLI::Range(int64_t{1}, kInt64Max))->capture_default_str();
+  app.add_option("--hidden", hidden, "number of hidden layers (0: one Linear to the classes)")
+      ->check(CLI::Range(int64_t{0}, kInt64Max))
+      ->capture_default_str();
+  app.add_option("--classes", classes, "output classes")->check(CLI::Range(int64_t{1}, kInt64Max))->capture_default_str();
+  app.add_option("--batch", batch, "batch size")->check(CLI::Range(int64_t{1}, kInt64Max))->capture_default_str();
   app.add_option("--lr", lr, "SGD learning rate")->capture_default_str();
-  app.add_option("--warmup", warmup, "untimed steps before timing")->capture_default_str();
-  app.add_option("--steps", steps, "steps per timed round")->capture_default_str();
-  app.add_option("--rounds", rounds, "timed rounds (ours, then PyTorch, alternating)")->capture_default_str();
-  app.add_option("--check-steps", check_steps, "steps whose losses are compared")->capture_default_str();
+  app.add_option("--warmup", warmup, "untimed steps before timing")->check(CLI::Range(0, kIntMax))->capture_default_str();
+  app.add_option("--steps", steps, "steps per timed round")->check(CLI::Range(1, kIntMax))->capture_default_str();
+  app.add_option("--rounds", rounds, "timed rounds (ours, then PyTorch, alternating)")
+      ->check(CLI::Range(1, kIntMax))
+      ->capture_default_str();
+  app.add_option("--check-steps", check_steps, "steps whose losses are compared")
+      ->check(CLI::Range(1, kIntMax))
+      ->capture_default_str();
   app.add_flag("--no-torch", no_torch, "time ringtrain only");
   app.add_option("--python", python, "python with torch (Debian's python3-torch)")->capture_default_str();
   app.add_option("--torch-script", script, "the PyTorch side")->capture_default_str();
-  app.add_option("--json", json_out, "also write the results here as JSON");
+  app.add_option("--json", json_out, "also write the results here as JSON (checked before the run)");
   CLI11_PARSE(app, argc, argv);
 
   try {
+    if (!json_out.empty()) {
+      if (std::string error = bench::check_writable("--json", json_out); !error.empty()) {
+        std::fprintf(stderr, "mlp_step: %s\n", error.c_str());
+        return 1;
+      }
+    }
+    // A lower bound of what the model allocates: the batch, the weights and their gradients.
+    // (In doubles: products of large arguments must not wrap.)
+    const double in = static_cast<double>(in_features), wide = static_cast<double>(width);
+    const double params = (in + 1) * wide + static_cast<double>(std::max<int64_t>(hidden - 1, 0)) * (wide + 1) * wide +
+                          ((hidden > 0 ? wide : in) + 1) * static_cast<double>(classes);
+    if (std::string error = bench::check_fits_in_memory(
+            4.0 * (2.0 * params + static_cast<double>(batch) * in),
+            "the MLP (--in-features, --width, --hidden, --classes, --batch)");
+        !error.empty()) {
+      std::fprintf(stderr, "mlp_step: %s\n", error.c_str());
+      return 1;
+    }
     // ---- ours
     std::vector<int64_t> dims = {in_features};
     for (int64_t h = 0; h < hidden; ++h) dims.push_back(width);
@@ -265,8 +296,10 @@ int main(int argc, char** argv) {
     }
 
     // ---- timing, taking turns
-    time_ours(warmup);
-    if (torch) torch->time_steps(warmup);
+    if (warmup > 0) {
+      time_ours(warmup);
+      if (torch) torch->time_steps(warmup);
+    }
     std::vector<double> ours_ms, torch_ms;
     for (int r = 0; r < rounds; ++r) {
       ours_ms.push_back(time_ours(steps));
@@ -317,8 +350,17 @@ int main(int argc, char** argv) {
       result["loss_max_rel_diff"] = max_rel;
       result["wrong"] = wrong;
     }
-    if (!json_out.empty()) std::ofstream(json_out) << result.dump(2) << "\n";
+    if (!json_out.empty()) {
+      if (std::string error = bench::write_text_file("--json", json_out, result.dump(2) + "\n"); !error.empty()) {
+        std::fprintf(stderr, "mlp_step: %s\n", error.c_str());
+        return 1;
+      }
+    }
     return wrong == 0 ? 0 : 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "mlp_step: out of memory for this MLP; make --in-features, --width, --hidden, "
+                         "--classes or --batch smaller\n");
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mlp_step: %s\n", e.what());
     return 1;

@@ -67,18 +67,29 @@ def loaded_blas():
     return ", ".join(libs) or "none mapped"
 
 
+def at_least(low):
+    """An argparse type: an integer >= low (a count of zero steps would time nothing)."""
+    def parse(text):
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is less than {low}")
+        return value
+    parse.__name__ = f"integer >= {low}"  # argparse names the type in its error
+    return parse
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--in-features", type=int, default=784)
-    p.add_argument("--width", type=int, default=1024)
-    p.add_argument("--hidden", type=int, default=4)
-    p.add_argument("--classes", type=int, default=10)
-    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--in-features", type=at_least(1), default=784)
+    p.add_argument("--width", type=at_least(1), default=1024)
+    p.add_argument("--hidden", type=at_least(0), default=4)
+    p.add_argument("--classes", type=at_least(1), default=10)
+    p.add_argument("--batch", type=at_least(1), default=64)
     p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--check-steps", type=int, default=5)
+    p.add_argument("--warmup", type=at_least(0), default=5)
+    p.add_argument("--steps", type=at_least(1), default=10)
+    p.add_argument("--reps", type=at_least(1), default=5)
+    p.add_argument("--check-steps", type=at_least(1), default=5)
     p.add_argument("--serve", action="store_true", help="answer 'time K' requests on stdin")
     a = p.parse_args()
 

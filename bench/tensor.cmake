@@ -26,4 +26,9 @@ if(RINGTRAIN_BUILD_TESTS)
   enable_testing()
   add_test(NAME bench_tensor_ops_smoke COMMAND bench_tensor_ops --smoke)
   set_tests_properties(bench_tensor_ops_smoke PROPERTIES LABELS bench-smoke TIMEOUT 120)
+  # A filter that matches nothing is an error, not a table of nan.
+  ringtrain_bench_expect_error(bench.tensor_ops.filter_matches_nothing
+                               EXPECT "bench_tensor_ops: no benchmark ran: --benchmark_filter='no_such_benchmark'"
+                               FORBID "wrong elements"
+                               COMMAND $<TARGET_FILE:bench_tensor_ops> --smoke --benchmark_filter=no_such_benchmark)
 endif()

@@ -184,6 +184,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
   const std::vector<DType> dtypes = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
   const std::vector<int> sizes = {1024, 2048, 4096};
   measure_ceilings(dtypes, sizes);
@@ -199,7 +200,13 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("BM_Sum", BM_Sum)
       ->Arg(int64_t{1} << 20)->Arg(int64_t{1} << 24)->Arg(int64_t{1} << 26)
       ->UseManualTime()->Unit(benchmark::kMicrosecond);
-  benchmark::RunSpecifiedBenchmarks();
+  if (benchmark::RunSpecifiedBenchmarks() == 0) {
+    std::fprintf(stderr, "bench_tensor_cuda: no benchmark ran: --benchmark_filter='%s' matches none of them "
+                         "(--benchmark_list_tests lists them)\n",
+                 benchmark::GetBenchmarkFilter().c_str());
+    benchmark::Shutdown();
+    return 2;
+  }
   benchmark::Shutdown();
   return 0;
 }

@@ -300,23 +300,31 @@ class RatioReporter : public benchmark::ConsoleReporter {
   std::map<std::string, std::map<std::string, double>> values_;
 };
 
+// A figure of the table, or "-" where a benchmark it needs did not run (--benchmark_filter).
+std::string figure(double value, int precision) {
+  if (std::isnan(value)) return "-";
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.*f", precision, value);
+  return text;
+}
+
 void print_ratios(const RatioReporter& r) {
   const double mem = r.get("memcpy", "GB");
-  std::printf("\n== ratios to this machine's ceilings (medians, single thread) ==\n");
-  std::printf("memcpy bandwidth (read+write): %.2f GB/s\n", mem);
+  std::printf("\n== ratios to this machine's ceilings (medians, single thread; - : not run) ==\n");
+  std::printf("memcpy bandwidth (read+write): %s GB/s\n", figure(mem, 2).c_str());
   std::printf("%-34s %10s %10s %8s\n", "GEMM f32 (n = m = k)", "ours", "OpenBLAS", "ratio");
   for (int64_t n : gemm_sizes()) {
     const double ours = r.get("matmul_f32/" + std::to_string(n), "GFLOP");
     const double blas = r.get("openblas_sgemm_1thread/" + std::to_string(n), "GFLOP");
-    std::printf("%-34s %10.2f %10.2f %8.3f   (GFLOP/s)\n", ("n=" + std::to_string(n)).c_str(), ours, blas,
-                ours / blas);
+    std::printf("%-34s %10s %10s %8s   (GFLOP/s)\n", ("n=" + std::to_string(n)).c_str(), figure(ours, 2).c_str(),
+                figure(blas, 2).c_str(), figure(ours / blas, 3).c_str());
   }
   std::printf("%-34s %10s %10s\n", "elementwise / reduction (f32)", "GB/s", "/memcpy");
   for (const char* name : {"add_kernel", "mul_kernel", "relu_kernel", "exp_kernel", "gelu_kernel",
                            "add_bias_broadcast_kernel", "add_op", "sum_all_kernel", "sum_dim0_kernel",
                            "sum_dim1_kernel", "amax_all_kernel"}) {
     const double gbs = r.get(name, "GB");
-    std::printf("%-34s %10.2f %10.3f\n", name, gbs, gbs / mem);
+    std::printf("%-34s %10s %10s\n", name, figure(gbs, 2).c_str(), figure(gbs / mem, 3).c_str());
   }
   std::printf("wrong elements in all timed results: %lld\n", static_cast<long long>(g_total_wrong));
 }
@@ -372,7 +380,15 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 2;
   register_all();
   RatioReporter reporter;
-  benchmark::RunSpecifiedBenchmarks(&reporter);
+  const size_t ran = benchmark::RunSpecifiedBenchmarks(&reporter);
+  if (ran == 0) {
+    // A filter that matches nothing: no figure, and no check, to report.
+    std::fprintf(stderr, "bench_tensor_ops: no benchmark ran: --benchmark_filter='%s' matches none of them "
+                         "(--benchmark_list_tests lists them)\n",
+                 benchmark::GetBenchmarkFilter().c_str());
+    benchmark::Shutdown();
+    return 2;
+  }
   print_ratios(reporter);
   benchmark::Shutdown();
   return g_total_wrong == 0 ? 0 : 1;
