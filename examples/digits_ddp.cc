@@ -7,13 +7,18 @@
 //   build/comm/ringrun --nproc-per-node 2 build/examples/digits_ddp      # 2 ranks, DDP
 //   mpirun -np 2 build/examples/digits_ddp                                # the same under Open MPI
 //   srun -N2 -n2 build/examples/digits_ddp --num-nodes 2                   # 2 SLURM nodes
-//   build/examples/digits_ddp --strategy dp --devices 2                   # one process, 2 CPU replicas
+//   build/examples/digits_ddp --strategy dp --devices 0                   # one process, 2 CPU replicas
+//   build/examples/digits_ddp --strategy dp --devices 2                   # one process, GPUs 0 and 1
+//
+// (--devices counts GPUs; on the CPU, --strategy dp or ddp2 always runs 2 replicas, as threads.)
 //
 // With --checkpoint-dir, a SIGUSR1 (#SBATCH --signal=USR1@90) makes every rank
 // stop at the next step, rank 0 checkpoint and `scontrol requeue` the job; the
 // requeued job resumes from that checkpoint (resume=auto) and finishes.
+#include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 
 #include <CLI/CLI.hpp>
 
@@ -22,6 +27,7 @@
 #include "nn/layers.h"
 #include "nn/lr_scheduler.h"
 #include "nn/optim.h"
+#include "slurm/requeue.h"
 #include "tensor/ops.h"
 #include "trainer/trainer.h"
 
@@ -73,6 +79,34 @@ class DigitsClassifier : public trainer::TrainingModule {
   int64_t epochs_;
 };
 
+// A real-valued flag that must be finite and > 0 (or >= 0), said in words:
+// CLI::PositiveNumber and CLI::NonNegativeNumber print their range with DBL_MAX
+// written out in full (309 digits).
+CLI::Validator positive_real(bool zero_allowed = false) {
+  return CLI::Validator(
+      [zero_allowed](std::string& text) -> std::string {
+        double value = 0;
+        if (!CLI::detail::lexical_cast(text, value)) return "'" + text + "' is not a number";
+        if (std::isfinite(value) && (value > 0 || (zero_allowed && value == 0))) return {};
+        return std::string("must be ") + (zero_allowed ? ">= 0" : "> 0") + ", got " + text;
+      },
+      zero_allowed ? "REAL >= 0" : "REAL > 0");
+}
+
+// A count that is >= 1, or -1 for "no limit" (`what_minus_one_means`): CLI::Range cannot
+// leave out the 0 between them.
+CLI::Validator count_or_minus_one(const std::string& what_minus_one_means) {
+  return CLI::Validator(
+      [what_minus_one_means](std::string& text) -> std::string {
+        int64_t value = 0;
+        if (CLI::detail::lexical_cast(text, value) && (value == -1 || value >= 1)) return {};
+        return "must be >= 1, or -1 for " + what_minus_one_means + ", got " + text;
+      },
+      "-1 OR >= 1");
+}
+
+constexpr int kIntMax = std::numeric_limits<int>::max();
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -86,29 +120,59 @@ int main(int argc, char** argv) {
 
   CLI::App app{"Digits classifier on the ringtrain Trainer (DDP/DP/ddp2, mixed precision, SLURM requeue)"};
   app.add_option("--model", model, "mlp or cnn")->check(CLI::IsMember({"mlp", "cnn"}))->capture_default_str();
-  app.add_option("--devices", options.devices, "auto, 0 (CPU), N, \"0,1\", -1 (all GPUs)")->capture_default_str();
-  app.add_option("--num-nodes", options.num_nodes, "nodes the launcher started")->capture_default_str();
-  app.add_option("--strategy", options.strategy, "auto, none, dp, ddp, ddp2")->capture_default_str();
-  app.add_option("--backend", options.backend, "auto, ring, mpi, nccl")->capture_default_str();
-  app.add_option("--precision", options.precision, "32, 16-mixed, bf16-mixed")->capture_default_str();
-  app.add_option("--epochs", options.max_epochs, "epochs")->capture_default_str();
-  app.add_option("--max-steps", options.max_steps, "stop after this many optimizer steps (-1: no limit)")
+  app.add_option("--devices", options.devices,
+                 "auto (the GPUs when there are any, else the CPU), 0 or cpu (CPU), N (the first N GPUs), "
+                 "\"0,1\" (these GPUs), -1 (all GPUs); on the CPU, --strategy dp/ddp2 runs 2 replicas")
       ->capture_default_str();
-  app.add_option("--batch-size", options.batch_size, "examples per step per process")->capture_default_str();
-  app.add_option("--accumulate-grad-batches", options.accumulate_grad_batches)->capture_default_str();
-  app.add_option("--gradient-clip-val", options.gradient_clip_val, "0: no clipping")->capture_default_str();
-  app.add_option("--lr", lr, "peak learning rate (cosine schedule)")->capture_default_str();
+  app.add_option("--num-nodes", options.num_nodes, "nodes the launcher started")
+      ->check(CLI::Range(1, 100000))->capture_default_str();
+  app.add_option("--strategy", options.strategy, "auto (ddp with several processes, dp with several GPUs), "
+                 "none, dp, ddp, ddp2")
+      ->check(CLI::IsMember({"auto", "none", "dp", "ddp", "ddp2"}))->capture_default_str();
+  app.add_option("--backend", options.backend, "collectives between processes: auto (nccl on GPUs, ring on the "
+                 "CPU), ring, mpi, nccl")
+      ->check(CLI::IsMember({"auto", "ring", "mpi", "nccl"}))->capture_default_str();
+  app.add_option("--precision", options.precision, "32, 16-mixed, bf16-mixed")
+      ->check(CLI::IsMember({"32", "16-mixed", "bf16-mixed"}))->capture_default_str();
+  app.add_option("--epochs", options.max_epochs, "epochs to train (a resumed run counts the earlier ones); "
+                 "-1: no epoch limit, --max-steps ends the run")
+      ->check(count_or_minus_one("no epoch limit (with --max-steps N)"))->capture_default_str();
+  app.add_option("--max-steps", options.max_steps, "stop after this many optimizer steps in total (-1: no limit)")
+      ->check(count_or_minus_one("no limit"))->capture_default_str();
+  app.add_option("--batch-size", options.batch_size, "examples per step per process")
+      ->check(CLI::Range(1, kIntMax))->capture_default_str();
+  app.add_option("--accumulate-grad-batches", options.accumulate_grad_batches,
+                 "batches whose gradients add up to one optimizer step")
+      ->check(CLI::Range(1, kIntMax))->capture_default_str();
+  app.add_option("--gradient-clip-val", options.gradient_clip_val,
+                 "clip the gradients' global L2 norm to this (0: no clipping)")
+      ->check(positive_real(true))->capture_default_str();
+  app.add_option("--lr", lr, "peak learning rate (cosine schedule)")->check(positive_real())->capture_default_str();
   app.add_option("--seed", options.seed, "data order and initial weights")->capture_default_str();
   app.add_option("--split-seed", split_seed, "train/test split")->capture_default_str();
   app.add_option("--data", data_path, "digits.csv(.gz)")->capture_default_str();
   app.add_option("--checkpoint-dir", options.checkpoint_dir, "checkpoint after every epoch and on signals");
-  app.add_option("--keep-last", options.keep_last, "checkpoints to keep")->capture_default_str();
+  app.add_option("--keep-last", options.keep_last, "checkpoints to keep")
+      ->check(CLI::Range(1, kIntMax))->capture_default_str();
   app.add_option("--resume", options.resume, "auto (newest valid), never, or a checkpoint stem")->capture_default_str();
   app.add_option("--metrics-csv", options.metrics_csv, "per-epoch metrics (rank 0)");
   app.add_option("--step-log", options.step_log_csv, "per-step loss log: step,epoch,loss (rank 0)");
-  app.add_option("--requeue-signal", options.requeue_signal, "signal that means 'walltime is near'")->capture_default_str();
+  app.add_option("--requeue-signal", options.requeue_signal, "signal that means 'walltime is near'")
+      ->check(CLI::Validator(
+          [](std::string& name) -> std::string {
+            try {
+              slurm::SignalWatcher::parse_signal(name);
+              return {};
+            } catch (const std::exception& e) {
+              return e.what();
+            }
+          },
+          "SIGNAL"))
+      ->capture_default_str();
   app.add_option("--simulate-signal-at-step", options.simulate_signal_at_step,
-                 "raise the requeue signal on rank 0 after this step (testing)");
+                 "raise the requeue signal on rank 0 after this optimizer step (testing; 0: during start-up, "
+                 "-1: never)")
+      ->check(CLI::Range(int64_t{-1}, int64_t{std::numeric_limits<int64_t>::max()}))->capture_default_str();
   app.add_flag("--no-progress", no_progress, "no progress bar");
   CLI11_PARSE(app, argc, argv);
   options.progress_bar = !no_progress;
