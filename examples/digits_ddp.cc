@@ -69,6 +69,10 @@ class DigitsClassifier : public trainer::TrainingModule {
   trainer::Optimizers configure_optimizers(nn::Module& model) override {
     auto sgd = std::make_unique<nn::SGD>(model.parameters(),
                                          nn::SGDOptions{.lr = lr_, .momentum = 0.9, .weight_decay = 1e-4, .nesterov = true});
+    // The Trainer steps a schedule once per epoch: cosine over --epochs. A run without
+    // an epoch limit (--epochs -1, --max-steps N) has no epoch count to anneal over, so
+    // it trains at the constant --lr.
+    if (epochs_ < 1) return {std::move(sgd), nullptr};
     auto schedule = std::make_unique<nn::CosineAnnealingLR>(*sgd, epochs_);
     return {std::move(sgd), std::move(schedule)};
   }
@@ -76,7 +80,7 @@ class DigitsClassifier : public trainer::TrainingModule {
  private:
   std::shared_ptr<nn::Module> model_;
   double lr_;
-  int64_t epochs_;
+  int64_t epochs_;  // -1: no epoch limit (no schedule)
 };
 
 // A real-valued flag that must be finite and > 0 (or >= 0), said in words:
@@ -147,7 +151,7 @@ int main(int argc, char** argv) {
   app.add_option("--gradient-clip-val", options.gradient_clip_val,
                  "clip the gradients' global L2 norm to this (0: no clipping)")
       ->check(positive_real(true))->capture_default_str();
-  app.add_option("--lr", lr, "peak learning rate (cosine schedule)")->check(positive_real())->capture_default_str();
+  app.add_option("--lr", lr, "peak learning rate of the cosine schedule over --epochs (constant with --epochs -1)")->check(positive_real())->capture_default_str();
   app.add_option("--seed", options.seed, "data order and initial weights")->capture_default_str();
   app.add_option("--split-seed", split_seed, "train/test split")->capture_default_str();
   app.add_option("--data", data_path, "digits.csv(.gz)")->capture_default_str();
