@@ -15,14 +15,23 @@
 // With --checkpoint-dir, a SIGUSR1 (#SBATCH --signal=USR1@90) makes every rank
 // stop at the next step, rank 0 checkpoint and `scontrol requeue` the job; the
 // requeued job resumes from that checkpoint (resume=auto) and finishes.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <limits>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include "autograd/autocast.h"
+#include "autograd/autograd.h"
 #include "autograd/functions.h"
+#include "nn/data/dataloader.h"
 #include "nn/data/digits.h"
 #include "nn/layers.h"
 #include "nn/lr_scheduler.h"
@@ -111,6 +120,79 @@ CLI::Validator count_or_minus_one(const std::string& what_minus_one_means) {
 
 constexpr int kIntMax = std::numeric_limits<int>::max();
 
+// --resume STEM names a checkpoint by its path without extension. The Trainer lists
+// them in --checkpoint-dir as "ckpt-0000000090", so a bare stem that is not found as
+// given (relative to the working directory) is looked for in --checkpoint-dir too. A
+// trailing .json or .safetensors is dropped. Throws naming every path it tried.
+std::string resolve_resume(const std::string& resume, const std::string& checkpoint_dir) {
+  namespace fs = std::filesystem;
+  if (resume == "auto" || resume == "never") return resume;
+  if (checkpoint_dir.empty()) {
+    throw std::runtime_error("--resume " + resume + " needs --checkpoint-dir: the Trainer loads and saves "
+                             "checkpoints only with one (give the directory the checkpoint is in)");
+  }
+  std::string stem = resume;
+  for (const std::string ext : {".json", ".safetensors"}) {
+    if (stem.size() > ext.size() && stem.compare(stem.size() - ext.size(), ext.size(), ext) == 0) {
+      stem.resize(stem.size() - ext.size());
+    }
+  }
+  std::vector<std::string> tried = {stem};
+  if (fs::path(stem).is_relative()) tried.push_back((fs::path(checkpoint_dir) / stem).string());
+  for (const std::string& candidate : tried) {
+    if (fs::exists(candidate + ".json")) return candidate;
+  }
+  std::string message = "--resume " + resume + ": no checkpoint record at " + tried[0] + ".json";
+  if (tried.size() > 1) message += " nor at " + tried[1] + ".json";
+  std::error_code error;
+  std::vector<std::string> there;
+  for (const auto& entry : fs::directory_iterator(checkpoint_dir, error)) {
+    if (entry.path().extension() == ".json") there.push_back(entry.path().stem().string());
+  }
+  std::sort(there.begin(), there.end());
+  if (there.empty()) {
+    message += "; " + checkpoint_dir + " holds no checkpoint (give a path to one without its extension, auto or never)";
+  } else {
+    message += "; " + checkpoint_dir + " holds " + there.front() + (there.size() > 1 ? " .. " + there.back() : "") +
+               " (give one of those, a path to a checkpoint without its extension, auto or never)";
+  }
+  throw std::runtime_error(message);
+}
+
+// Runs the model itself in this process (no DDP, no collectives).
+class LocalContext : public trainer::StepContext {
+ public:
+  LocalContext(std::shared_ptr<nn::Module> model, Device device) : model_(std::move(model)), device_(device) {}
+  Tensor forward(const Tensor& input) override { return (*model_)(input); }
+  Device device() const override { return device_; }
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+
+ private:
+  std::shared_ptr<nn::Module> model_;
+  Device device_;
+};
+
+// The module's validation sums over `data`, in this process, the way the Trainer
+// evaluates (eval mode, no grad, autocast for mixed precision). For a run that trained
+// nothing, e.g. one resumed from a checkpoint of a run that had already finished.
+std::map<std::string, double> evaluate(trainer::TrainingModule& module, std::shared_ptr<const data::Dataset> data,
+                                       int64_t batch_size, const std::string& precision) {
+  std::shared_ptr<nn::Module> model = module.model();
+  model->eval();
+  autograd::NoGradGuard no_grad;
+  const Device device = model->parameters().front().device();
+  data::DataLoader loader(std::move(data), {.batch_size = batch_size, .prefetch = 0, .device = device});
+  LocalContext ctx(model, device);
+  std::map<std::string, double> totals;
+  for (auto& batch : loader.epoch()) {
+    autograd::AutocastGuard autocast(precision == "bf16-mixed" ? DType::kBFloat16 : DType::kFloat16,
+                                     precision != "32");
+    for (const auto& [key, value] : module.validation_step(batch, ctx)) totals[key] += value;
+  }
+  return totals;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -158,7 +240,8 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-dir", options.checkpoint_dir, "checkpoint after every epoch and on signals");
   app.add_option("--keep-last", options.keep_last, "checkpoints to keep")
       ->check(CLI::Range(1, kIntMax))->capture_default_str();
-  app.add_option("--resume", options.resume, "auto (newest valid), never, or a checkpoint stem")->capture_default_str();
+  app.add_option("--resume", options.resume, "auto (the newest valid checkpoint in --checkpoint-dir, if any), never, or one checkpoint: its "
+                 "stem as listed in --checkpoint-dir (ckpt-0000000090) or its path without the extension")->capture_default_str();
   app.add_option("--metrics-csv", options.metrics_csv, "per-epoch metrics (rank 0)");
   app.add_option("--step-log", options.step_log_csv, "per-step loss log: step,epoch,loss (rank 0)");
   app.add_option("--requeue-signal", options.requeue_signal, "signal that means 'walltime is near'")
@@ -186,18 +269,26 @@ int main(int argc, char** argv) {
     auto [train_set, test_set] = data::train_test_split(all, 0.2, split_seed);
     auto train = std::make_shared<data::TensorDataset>(std::move(train_set));
     auto test = std::make_shared<data::TensorDataset>(std::move(test_set));
+    options.resume = resolve_resume(options.resume, options.checkpoint_dir);
     DigitsClassifier module(model == "cnn", options.seed, lr, options.max_epochs);
     trainer::Trainer trainer(options);
     trainer::FitResult r = trainer.fit(module, train, test);
-    const auto& v = r.last_validation;
+    std::map<std::string, double> v = r.last_validation;
+    std::string note;
+    if (r.rank == 0 && !r.stopped_early && v.empty() && !r.resumed_from.empty()) {
+      // The checkpoint was of a finished run (--epochs / --max-steps reached): nothing
+      // was trained, so nothing validated; report the restored model.
+      v = evaluate(module, test, options.batch_size, options.precision);
+      note = "; nothing left to train, evaluated the model restored from " + r.resumed_from;
+    }
     if (r.rank != 0) {
       // rank 0 reports for the job
     } else if (r.stopped_early) {
       std::printf("stopped at step %lld for a signal%s\n", (long long)r.global_step, r.requeued ? "; job requeued" : "");
     } else if (v.count("val_count") && v.at("val_count") > 0) {
-      std::printf("final test accuracy %.2f%% (%g/%g), test loss %.4f, %lld steps\n",
+      std::printf("final test accuracy %.2f%% (%g/%g), test loss %.4f, %lld steps%s\n",
                   100.0 * v.at("val_correct") / v.at("val_count"), v.at("val_correct"), v.at("val_count"),
-                  v.at("val_loss_sum") / v.at("val_count"), (long long)r.global_step);
+                  v.at("val_loss_sum") / v.at("val_count"), (long long)r.global_step, note.c_str());
     }
   } catch (const std::exception& e) {
     std::cerr << "digits_ddp: " << e.what() << "\n";
