@@ -15,6 +15,15 @@
 // With --checkpoint-dir, a SIGUSR1 (#SBATCH --signal=USR1@90) makes every rank
 // stop at the next step, rank 0 checkpoint and `scontrol requeue` the job; the
 // requeued job resumes from that checkpoint (resume=auto) and finishes.
+//
+// Exit status (rank 0's; the other ranks exit 0 when they stop for a signal, so a
+// launcher reports rank 0's):
+//   0  training finished (or there was nothing left to train), or it stopped for the
+//      requeue signal and the SLURM job was requeued: SLURM runs it again
+//   1  an error (the message says which)
+//   3  stopped for a signal before finishing, not requeued (a SIGTERM, or SIGUSR1
+//      outside SLURM); --checkpoint-dir holds the state: run the same command to resume
+//   4  stopped for a signal before finishing, nothing saved (no --checkpoint-dir)
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -119,6 +128,10 @@ CLI::Validator count_or_minus_one(const std::string& what_minus_one_means) {
 }
 
 constexpr int kIntMax = std::numeric_limits<int>::max();
+
+// Exit statuses (see the top of the file).
+constexpr int kExitStoppedResumable = 3;
+constexpr int kExitStoppedNothingSaved = 4;
 
 // --resume STEM names a checkpoint by its path without extension. The Trainer lists
 // them in --checkpoint-dir as "ckpt-0000000090", so a bare stem that is not found as
@@ -282,9 +295,19 @@ int main(int argc, char** argv) {
       note = "; nothing left to train, evaluated the model restored from " + r.resumed_from;
     }
     if (r.rank != 0) {
-      // rank 0 reports for the job
+      // rank 0 reports for the job, in its output and its exit status
+    } else if (r.stopped_early && r.requeued) {
+      std::printf("stopped at step %lld for a signal; job requeued\n", (long long)r.global_step);
+    } else if (r.stopped_early && !options.checkpoint_dir.empty()) {
+      std::printf("stopped at step %lld for a signal before finishing; not requeued; run the same command again "
+                  "to resume from %s (exit status %d)\n",
+                  (long long)r.global_step, options.checkpoint_dir.c_str(), kExitStoppedResumable);
+      return kExitStoppedResumable;
     } else if (r.stopped_early) {
-      std::printf("stopped at step %lld for a signal%s\n", (long long)r.global_step, r.requeued ? "; job requeued" : "");
+      std::printf("stopped at step %lld for a signal before finishing; nothing saved (no --checkpoint-dir) "
+                  "(exit status %d)\n",
+                  (long long)r.global_step, kExitStoppedNothingSaved);
+      return kExitStoppedNothingSaved;
     } else if (v.count("val_count") && v.at("val_count") > 0) {
       std::printf("final test accuracy %.2f%% (%g/%g), test loss %.4f, %lld steps%s\n",
                   100.0 * v.at("val_correct") / v.at("val_count"), v.at("val_correct"), v.at("val_count"),
