@@ -19,9 +19,11 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -45,9 +47,9 @@ using data::DataLoader;
 
 struct Options {
   std::string model = "mlp";
-  int epochs = 0;  // 0: the model's default
+  int epochs = 0;  // 0: not given, the model's default (--epochs itself must be >= 1)
   int64_t batch_size = 32;
-  double lr = 0;  // 0: the model's default
+  double lr = 0.05;
   double momentum = 0.9;
   double weight_decay = 1e-4;
   uint64_t seed = 0;
@@ -59,7 +61,7 @@ struct Options {
   std::string checkpoint_dir;
   int keep_last = 3;
   bool resume = false;
-  int stop_after = 0;  // 0: run to the end
+  int stop_after = 0;  // 0: not given, run to the end (--stop-after itself must be >= 1)
   bool quiet = false;
 };
 
@@ -142,7 +144,7 @@ class ProgressBar {
 int run(const Options& opt) {
   const bool cnn = opt.model == "cnn";
   const int epochs = opt.epochs > 0 ? opt.epochs : (cnn ? 20 : 30);
-  const double lr = opt.lr > 0 ? opt.lr : 0.05;
+  const double lr = opt.lr;
 
   // ---- data: fixed split, shuffled training order from --seed
   std::shared_ptr<data::TensorDataset> train, test;
@@ -260,17 +262,35 @@ int run(const Options& opt) {
   return 0;
 }
 
+// A real-valued flag that must be finite and > 0 (or >= 0), said in words:
+// CLI::PositiveNumber and CLI::NonNegativeNumber print their range with DBL_MAX
+// written out in full (309 digits).
+CLI::Validator positive_real(bool zero_allowed = false) {
+  return CLI::Validator(
+      [zero_allowed](std::string& text) -> std::string {
+        double value = 0;
+        if (!CLI::detail::lexical_cast(text, value)) return "'" + text + "' is not a number";
+        if (std::isfinite(value) && (value > 0 || (zero_allowed && value == 0))) return {};
+        return std::string("must be ") + (zero_allowed ? ">= 0" : "> 0") + ", got " + text;
+      },
+      zero_allowed ? "REAL >= 0" : "REAL > 0");
+}
+
+constexpr int kIntMax = std::numeric_limits<int>::max();
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Train a handwritten-digit classifier (8x8 digits from python3-sklearn, or MNIST) with ringtrain"};
   Options opt;
   app.add_option("--model", opt.model, "mlp or cnn")->check(CLI::IsMember({"mlp", "cnn"}))->capture_default_str();
-  app.add_option("--epochs", opt.epochs, "epochs (default: mlp 30, cnn 20)");
-  app.add_option("--batch-size", opt.batch_size, "examples per step")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--lr", opt.lr, "peak learning rate of the cosine schedule (default 0.05)");
-  app.add_option("--momentum", opt.momentum, "SGD momentum (Nesterov)")->capture_default_str();
-  app.add_option("--weight-decay", opt.weight_decay, "L2 weight decay")->capture_default_str();
+  app.add_option("--epochs", opt.epochs, "epochs (default: mlp 30, cnn 20)")->check(CLI::Range(1, kIntMax));
+  app.add_option("--batch-size", opt.batch_size, "examples per step")->check(CLI::Range(1, kIntMax))->capture_default_str();
+  app.add_option("--lr", opt.lr, "peak learning rate of the cosine schedule")->check(positive_real())
+      ->capture_default_str();
+  app.add_option("--momentum", opt.momentum, "SGD momentum (Nesterov)")->check(positive_real())->capture_default_str();
+  app.add_option("--weight-decay", opt.weight_decay, "L2 weight decay (0: none)")->check(positive_real(true))
+      ->capture_default_str();
   app.add_option("--seed", opt.seed, "seed of the initial weights and the shuffling")->capture_default_str();
   app.add_option("--split-seed", opt.split_seed, "seed of the train/test split")->capture_default_str();
   app.add_option("--test-fraction", opt.test_fraction, "share of examples held out")->capture_default_str();
@@ -279,10 +299,11 @@ int main(int argc, char** argv) {
                  "train on the MNIST / Fashion-MNIST IDX files in this directory instead of the digits");
   app.add_option("--metrics-csv", opt.metrics_csv, "write per-epoch metrics to this CSV file");
   app.add_option("--checkpoint-dir", opt.checkpoint_dir, "save a checkpoint here after every epoch");
-  app.add_option("--keep-last", opt.keep_last, "checkpoints to keep")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--keep-last", opt.keep_last, "checkpoints to keep")->check(CLI::Range(1, kIntMax))->capture_default_str();
   app.add_flag("--resume", opt.resume, "continue from the newest valid checkpoint in --checkpoint-dir");
   app.add_option("--stop-after", opt.stop_after,
-                 "stop after this many epochs of this run (simulates a preemption; continue with --resume)");
+                 "stop after this many epochs of this run (simulates a preemption; continue with --resume)")
+      ->check(CLI::Range(1, kIntMax));
   app.add_flag("--quiet", opt.quiet, "no progress bar or per-epoch lines");
   CLI11_PARSE(app, argc, argv);
   try {

@@ -122,12 +122,23 @@ void load_grid_config(const std::string& json_text, const std::string& base_dir,
                        "sbatch, template, params)");
     }
   }
+  // nlohmann's get<int>() truncates 2.7 to 2 and wraps 1e10: a count must be a JSON
+  // integer within its bounds.
+  auto whole_number = [&](const char* key, int max) {
+    const auto& value = config[key];
+    if ((!value.is_number_integer() && !value.is_number_unsigned()) || value.get<int64_t>() < 1 ||
+        value.get<int64_t>() > max) {
+      throw SlurmError(std::string("grid config: \"") + key + "\" must be a whole number from 1 to " +
+                       std::to_string(max) + ", got " + value.dump());
+    }
+    return static_cast<int>(value.get<int64_t>());
+  };
+  if (config.contains("nodes")) spec->nodes = whole_number("nodes", kMaxGridNodes);
+  if (config.contains("ntasks_per_node")) spec->ntasks_per_node = whole_number("ntasks_per_node", kMaxGridTasksPerNode);
   try {
     if (config.contains("job_name")) spec->job_name = config["job_name"].get<std::string>();
     if (config.contains("output_root")) spec->output_root = config["output_root"].get<std::string>();
     if (config.contains("command")) spec->command = config["command"].get<std::string>();
-    if (config.contains("nodes")) spec->nodes = config["nodes"].get<int>();
-    if (config.contains("ntasks_per_node")) spec->ntasks_per_node = config["ntasks_per_node"].get<int>();
     if (config.contains("time")) spec->time = config["time"].get<std::string>();
     if (config.contains("sbatch")) spec->sbatch_extra = config["sbatch"].get<std::vector<std::string>>();
   } catch (const nlohmann::json::exception& e) {
@@ -202,6 +213,16 @@ std::string render_template(const std::string& text, const std::map<std::string,
   }
 }
 
+const char* const kSlurmTimeFormats =
+    "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (e.g. 30, 01:00:00, 2-12), or UNLIMITED";
+
+bool is_slurm_time(const std::string& text) {
+  // sbatch(1) --time: "minutes", "minutes:seconds", "hours:minutes:seconds", "days-hours",
+  // "days-hours:minutes" and "days-hours:minutes:seconds".
+  static const std::regex kTime(R"(\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2})");
+  return text == "UNLIMITED" || text == "INFINITE" || std::regex_match(text, kTime);
+}
+
 std::string shell_quote(const std::string& text) {
   static const std::regex kSafe(R"([A-Za-z0-9_./:=+\-@%,]+)");
   if (std::regex_match(text, kSafe)) return text;
@@ -234,9 +255,19 @@ void check_no_control_characters(const std::string& text, const std::string& wha
 }  // namespace
 
 std::vector<GridRun> plan_grid(const GridSpec& spec) {
-  if (spec.nodes < 1) throw SlurmError("grid: nodes must be >= 1, got " + std::to_string(spec.nodes));
-  if (spec.ntasks_per_node < 1) {
-    throw SlurmError("grid: ntasks_per_node must be >= 1, got " + std::to_string(spec.ntasks_per_node));
+  if (spec.nodes < 1 || spec.nodes > kMaxGridNodes) {
+    throw SlurmError("grid: nodes must be from 1 to " + std::to_string(kMaxGridNodes) + ", got " +
+                     std::to_string(spec.nodes));
+  }
+  if (spec.ntasks_per_node < 1 || spec.ntasks_per_node > kMaxGridTasksPerNode) {
+    throw SlurmError("grid: ntasks_per_node must be from 1 to " + std::to_string(kMaxGridTasksPerNode) +
+                     ", got " + std::to_string(spec.ntasks_per_node));
+  }
+  if (!is_slurm_time(spec.time)) {
+    throw SlurmError("grid: time '" + spec.time + "' is not a SLURM walltime; write " + kSlurmTimeFormats);
+  }
+  if (spec.command.find_first_not_of(" ") == std::string::npos) {
+    throw SlurmError("grid: command is empty; give the program each run starts (--command or \"command\")");
   }
   if (spec.job_name.empty() || spec.job_name.find_first_of(" \t\n'\"") != std::string::npos) {
     throw SlurmError("grid: job_name '" + spec.job_name + "' must be non-empty without spaces or quotes");
@@ -323,7 +354,37 @@ std::vector<GridRun> plan_grid(const GridSpec& spec) {
   return runs;
 }
 
-std::string format_dry_run(const std::vector<GridRun>& runs) {
+std::vector<std::string> existing_grid_paths(const std::vector<GridRun>& runs) {
+  std::vector<std::string> existing;
+  if (runs.empty()) return existing;
+  const fs::path record = fs::path(runs.front().dir).parent_path() / "grid.json";
+  std::error_code error;  // an unreadable parent counts as absent; writing will say why
+  if (fs::exists(record, error)) existing.push_back(record.string());
+  for (const GridRun& run : runs) {
+    if (fs::exists(run.dir, error)) existing.push_back(run.dir);
+  }
+  return existing;
+}
+
+std::string describe_existing_grid(const std::vector<std::string>& existing, bool overwrite) {
+  constexpr size_t kNamed = 3;
+  std::string paths;
+  for (size_t i = 0; i < existing.size() && i < kNamed; ++i) paths += (i ? ", " : "") + existing[i];
+  if (existing.size() > kNamed) paths += " and " + std::to_string(existing.size() - kNamed) + " more";
+  const std::string root = existing.empty() ? "" : fs::path(existing.front()).parent_path().string();
+  if (overwrite) {
+    return "the output root " + root + " holds an earlier grid (" + paths +
+           "); --overwrite: its job.sbatch files are rewritten, grid.json is kept as grid.json.<n>, "
+           "checkpoints and logs stay (a run with checkpoints resumes from them)";
+  }
+  return "the output root " + root + " holds an earlier grid (" + paths +
+         "); submitting into it would replace the record of its job ids and its job scripts, and a new run "
+         "would resume from any checkpoints the old one saved. Use another --output-root (or \"output_root\"), or pass "
+         "--overwrite to resubmit into it on purpose (nothing is deleted)";
+}
+
+std::string format_dry_run(const std::vector<GridRun>& runs, const std::vector<std::string>& existing,
+                           bool overwrite) {
   std::string out;
   for (const GridRun& run : runs) {
     out += "==> " + run.script_path + " <==\n" + run.script;
@@ -332,6 +393,10 @@ std::string format_dry_run(const std::vector<GridRun>& runs) {
   }
   out += "# " + std::to_string(runs.size()) + " job script" + (runs.size() == 1 ? "" : "s") +
          " (dry run: nothing written, nothing submitted)\n";
+  if (!existing.empty()) {
+    out += std::string("# ") + (overwrite ? "note" : "a real submission would refuse") + ": " +
+           describe_existing_grid(existing, overwrite) + "\n";
+  }
   return out;
 }
 
@@ -352,6 +417,16 @@ std::vector<SubmittedRun> submit_grid(const std::vector<GridRun>& runs, const Gr
     for (const auto& s : submitted) ids += (ids.empty() ? "" : " ") + s.job_id;
     return ids.empty() ? std::string("none were submitted") : "already submitted: " + ids + " (scancel them if needed)";
   };
+  if (const std::vector<std::string> existing = existing_grid_paths(runs); !existing.empty()) {
+    if (!spec.overwrite) throw SlurmError(describe_existing_grid(existing, false));
+    // --overwrite keeps the earlier record of job ids under the next free grid.json.<n>
+    const fs::path record = fs::path(runs.front().dir).parent_path() / "grid.json";
+    if (fs::exists(record)) {
+      int n = 1;
+      while (fs::exists(record.string() + "." + std::to_string(n))) ++n;
+      fs::rename(record, record.string() + "." + std::to_string(n));
+    }
+  }
   nlohmann::ordered_json manifest;
   manifest["job_name"] = spec.job_name;
   manifest["runs"] = nlohmann::ordered_json::array();

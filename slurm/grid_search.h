@@ -1,8 +1,10 @@
 // grid_search.h: a hyperparameter grid -> one sbatch script per combination.
 //
 // defines: GridParam, GridSpec, GridRun, parse_param_flag, load_grid_config,
-//          cartesian_product, render_template, plan_grid, format_dry_run,
-//          parse_submitted_job_id, SubmittedRun, submit_grid, kDefaultGridTemplate.
+//          cartesian_product, render_template, is_slurm_time, plan_grid,
+//          existing_grid_paths, describe_existing_grid, format_dry_run,
+//          parse_submitted_job_id, SubmittedRun, submit_grid, kDefaultGridTemplate,
+//          kMaxGridNodes, kMaxGridTasksPerNode, kSlurmTimeFormats.
 //
 // What Lightning's seeds call SlurmCluster / the test-tube grid search: the user
 // lists values per hyperparameter, every combination becomes its own SLURM job with
@@ -27,7 +29,17 @@
 // {{args}} (every parameter as "--name value", shell-quoted), {{submit_dir}}.
 // An unknown placeholder is an error (a typo would otherwise reach sbatch). A control
 // character (newline, tab, ...) in a value, the command, time, output root or an sbatch
-// option is an error too: it would split the script into extra shell lines.
+// option is an error too: it would split the script into extra shell lines. "nodes" and
+// "ntasks_per_node" must be whole numbers (2.7 is refused, not truncated), "time" one of
+// SLURM's walltime formats.
+//
+// An output root that already holds a grid (its grid.json, or a run directory this grid
+// would write) is refused: submitting again would replace the record of the earlier
+// job ids, rewrite the runs' job.sbatch, and make the new runs resume from the old
+// runs' checkpoints. GridSpec::overwrite (ringtrain-grid --overwrite) submits anyway,
+// on purpose: job.sbatch files are rewritten, the earlier grid.json is kept as
+// grid.json.1 (.2, ...), and nothing is deleted (checkpoints and logs stay; a run whose
+// checkpoints/ holds some resumes from them).
 #pragma once
 
 #include <map>
@@ -56,7 +68,14 @@ struct GridSpec {
   std::string template_text;              // empty: kDefaultGridTemplate
   std::string submit_dir;                 // empty: the current directory
   std::vector<GridParam> params;
+  bool overwrite = false;                 // submit into an output root that holds a grid
 };
+
+// Bounds of "nodes" and "ntasks_per_node" (the same as ringrun's --nnodes, --nproc-per-node).
+inline constexpr int kMaxGridNodes = 100000;
+inline constexpr int kMaxGridTasksPerNode = 4096;
+// The walltime spellings is_slurm_time accepts, for error messages.
+extern const char* const kSlurmTimeFormats;
 
 // One combination, ready to write and submit.
 struct GridRun {
@@ -80,13 +99,24 @@ std::vector<std::vector<std::pair<std::string, std::string>>> cartesian_product(
     const std::vector<GridParam>& params);
 // Replaces {{key}} by vars[key]; throws on an unknown or unclosed placeholder.
 std::string render_template(const std::string& text, const std::map<std::string, std::string>& vars);
+// True for a walltime sbatch --time accepts: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM,
+// D-HH:MM:SS (digits only), or UNLIMITED / INFINITE. False for "" and anything else.
+bool is_slurm_time(const std::string& text);
 // Quotes `text` for bash when it holds anything but [A-Za-z0-9_./:=+-@%,].
 std::string shell_quote(const std::string& text);
 // All runs of the grid, rendered. Validates the spec (names, duplicates, sizes,
 // no control characters).
 std::vector<GridRun> plan_grid(const GridSpec& spec);
-// What --dry-run prints: each script under a "==> path <==" header.
-std::string format_dry_run(const std::vector<GridRun>& runs);
+// The paths of an earlier grid that submitting `runs` would write over: the output
+// root's grid.json and every run directory that exists already. Empty: a fresh root.
+std::vector<std::string> existing_grid_paths(const std::vector<GridRun>& runs);
+// What is there and what to do about it, for the error and for --dry-run: names the
+// paths (the first few), and the fixes (another --output-root, or --overwrite).
+std::string describe_existing_grid(const std::vector<std::string>& existing, bool overwrite);
+// What --dry-run prints: each script under a "==> path <==" header; then, when
+// `existing` is not empty, "# " lines saying what a real submission would collide with.
+std::string format_dry_run(const std::vector<GridRun>& runs, const std::vector<std::string>& existing = {},
+                           bool overwrite = false);
 // "Submitted batch job 123" (optionally "... on cluster x") -> "123"; nullopt otherwise.
 std::optional<std::string> parse_submitted_job_id(const std::string& sbatch_output);
 
@@ -96,8 +126,11 @@ struct SubmittedRun {
 };
 // Writes every run's directory and script, submits each with sbatch ($RINGTRAIN_SBATCH
 // or "sbatch" from PATH), and writes output_root/grid.json (runs, values, job ids).
-// Throws SlurmError when sbatch fails or prints no job id (runs submitted before the
-// failure are named in the message so they can be cancelled).
+// Throws SlurmError, before writing anything, when the output root holds an earlier
+// grid (existing_grid_paths) and spec.overwrite is false; with it, an earlier grid.json
+// is renamed to grid.json.<n> first. Throws SlurmError when sbatch fails or prints no
+// job id (runs submitted before the failure are named in the message so they can be
+// cancelled).
 std::vector<SubmittedRun> submit_grid(const std::vector<GridRun>& runs, const GridSpec& spec,
                                       const comm::EnvMap& env);
 

@@ -16,6 +16,12 @@
 // worker fails (non-zero exit or a signal), ringrun sends SIGTERM to the others,
 // SIGKILL after --stop-timeout seconds, and exits with the failed worker's status
 // (its exit code, or 128 + the signal number, as a shell reports it).
+//
+// Arguments: ringrun's options come first; the first argument that is not one of
+// them is the program, and everything after it is the program's. An argument that
+// starts with '-' where the program name should be is an unknown option, an error
+// (torchrun's underscore spellings get the dashed one suggested); after "--" any
+// argument is the program's: ringrun --nproc-per-node 2 -- ./train --epochs 3.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -84,6 +90,23 @@ std::string describe_status(int status) {
   return "stopped";
 }
 
+// The error for `arg`, an unknown option given before the program name. torchrun spells
+// its options with underscores (--nproc_per_node); those get the dashed name to use.
+std::string unknown_option_error(const std::string& arg, const CLI::App& app) {
+  const std::string name = arg.substr(0, arg.find('='));
+  std::string error = "unknown option '" + name + "' (before the program name, arguments are ringrun's options)";
+  std::string dashed = name;
+  for (size_t i = 2; i < dashed.size(); ++i) {
+    if (dashed[i] == '_') dashed[i] = '-';
+  }
+  if (dashed != name && dashed.rfind("--", 0) == 0) {
+    for (const CLI::Option* option : app.get_options()) {
+      if (option->check_lname(dashed.substr(2))) return error + "; did you mean " + dashed + "?";
+    }
+  }
+  return error + "; to pass it to the program, put -- before the program: ringrun [options] -- program " + arg;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -99,7 +122,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 4096))->capture_default_str();
   app.add_option("--nnodes", nnodes, "nodes in the job")->check(CLI::Range(1, 100000))->capture_default_str();
   app.add_option("--node-rank", node_rank, "this node's index, 0 .. nnodes-1")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(CLI::Range(0, 99999))->capture_default_str();
   app.add_option("--master-addr", master_addr, "host of rank 0 (the store)")->capture_default_str();
   app.add_option("--master-port", master_port, "TCP port of the store on the master")
       ->check(CLI::Range(1, 65535))->capture_default_str();
@@ -110,10 +133,20 @@ int main(int argc, char** argv) {
                  "seconds between SIGTERM and SIGKILL when stopping the other workers")
       ->check(CLI::Range(0.0, 86400.0))->capture_default_str();
   app.prefix_command();  // everything from the program name on belongs to the worker
-  app.footer("Example: ringrun --nproc-per-node 2 ./build/bench/comm_sweep --backend ring");
+  app.footer("Usage: ringrun [options] [--] program args... (after the program name, or after --, options "
+             "belong to the program)\nExample: ringrun --nproc-per-node 2 ./build/bench/comm_sweep --backend ring");
   CLI11_PARSE(app, argc, argv);
 
   std::vector<std::string> command = app.remaining();
+  if (!command.empty() && command.front() == "--") {
+    command.erase(command.begin());  // "ringrun [options] -- program ...": whatever follows is the program
+  } else if (!command.empty() && command.front().size() > 1 && command.front().front() == '-') {
+    // CLI11 hands the first argument it does not know to the worker; before the program
+    // name that is a mistyped option (torchrun's --nproc_per_node), not a program.
+    std::string error = unknown_option_error(command.front(), app);
+    std::cerr << "ringrun: " << error << "\nRun with --help for more information.\n";
+    return 2;
+  }
   if (command.empty()) {
     std::cerr << "ringrun: no program given\n" << app.help();
     return 2;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -121,6 +122,128 @@ TEST(GridSearch, ParamFlagsAndProduct) {
   EXPECT_EQ(cartesian_product({{"a", {"1", "2", "3"}}, {"b", {"x", "y"}}}).size(), 6u);
 }
 
+// A fake sbatch in a fresh temporary directory: records each script it is given and
+// answers with job ids from `first_id` up. Removes the directory when done.
+class FakeSbatch {
+ public:
+  explicit FakeSbatch(const std::string& tag, int first_id = 100)
+      : dir_(fs::temp_directory_path() / ("ringtrain_grid_" + tag + "_" + std::to_string(getpid()))) {
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    std::ofstream(path()) << "#!/bin/sh\necho \"$1\" >> '" << (dir_ / "calls").string() << "'\n"
+                          << "n=$(wc -l < '" << (dir_ / "calls").string() << "')\n"
+                          << "echo \"Submitted batch job $((" << first_id - 1 << " + n))\"\n";
+    fs::permissions(path(), fs::perms::owner_all);
+  }
+  ~FakeSbatch() { fs::remove_all(dir_); }
+  const fs::path& dir() const { return dir_; }
+  fs::path path() const { return dir_ / "sbatch"; }
+  comm::EnvMap env() const { return {{"RINGTRAIN_SBATCH", path().string()}}; }
+
+ private:
+  fs::path dir_;
+};
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Submitting a second grid into the same output root used to replace grid.json (the
+// first grid's job ids were lost) and reuse the run directories (job.sbatch rewritten;
+// the new runs would resume from the old checkpoints). It is refused now, naming the
+// paths and the fixes; --overwrite submits on purpose and still deletes nothing.
+TEST(GridSearch, RefusesToSubmitIntoAnEarlierGrid) {
+  FakeSbatch sbatch("again");
+  GridSpec spec = golden_spec();
+  spec.output_root = (sbatch.dir() / "runs").string();
+  std::vector<GridRun> runs = plan_grid(spec);
+  EXPECT_TRUE(existing_grid_paths(runs).empty());
+  ASSERT_EQ(submit_grid(runs, spec, sbatch.env()).size(), 4u);
+  const std::string first_record = read_text(sbatch.dir() / "runs" / "grid.json");
+  fs::create_directories(fs::path(runs[0].dir) / "checkpoints");
+  std::ofstream(fs::path(runs[0].dir) / "checkpoints" / "ckpt-0000000045.json") << "{}";
+
+  std::vector<std::string> existing = existing_grid_paths(runs);
+  ASSERT_EQ(existing.size(), 5u);
+  EXPECT_EQ(existing[0], (sbatch.dir() / "runs" / "grid.json").string());
+  EXPECT_EQ(existing[1], runs[0].dir);
+  try {
+    submit_grid(runs, spec, sbatch.env());
+    FAIL() << "expected SlurmError";
+  } catch (const SlurmError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find((sbatch.dir() / "runs" / "grid.json").string()), std::string::npos) << what;
+    EXPECT_NE(what.find("another --output-root"), std::string::npos) << what;
+    EXPECT_NE(what.find("--overwrite"), std::string::npos) << what;
+  }
+  EXPECT_EQ(read_text(sbatch.dir() / "runs" / "grid.json"), first_record);  // the job ids are still there
+  const std::string calls = read_text(sbatch.dir() / "calls");
+  EXPECT_EQ(std::count(calls.begin(), calls.end(), '\n'), 4) << "sbatch ran again:\n" << calls;
+
+  // one run directory of another grid is enough to refuse (no grid.json at all)
+  fs::remove(sbatch.dir() / "runs" / "grid.json");
+  GridSpec other = spec;
+  other.params = {{"lr", {"0.1"}}, {"hidden", {"64"}}};  // 000_lr-0.1_hidden-64 exists
+  EXPECT_THROW(submit_grid(plan_grid(other), other, sbatch.env()), SlurmError);
+  std::ofstream(sbatch.dir() / "runs" / "grid.json") << first_record;
+
+  spec.overwrite = true;
+  std::vector<SubmittedRun> again = submit_grid(runs, spec, sbatch.env());
+  ASSERT_EQ(again.size(), 4u);
+  EXPECT_EQ(again[0].job_id, "104");
+  EXPECT_EQ(read_text(sbatch.dir() / "runs" / "grid.json.1"), first_record);  // kept, not replaced
+  EXPECT_NE(read_text(sbatch.dir() / "runs" / "grid.json").find("\"job_id\": \"107\""), std::string::npos);
+  EXPECT_TRUE(fs::exists(fs::path(runs[0].dir) / "checkpoints" / "ckpt-0000000045.json"));  // never deleted
+  ASSERT_EQ(submit_grid(runs, spec, sbatch.env()).size(), 4u);
+  EXPECT_TRUE(fs::exists(sbatch.dir() / "runs" / "grid.json.2"));
+}
+
+// The tool: a second submission into the same --output-root fails (exit 1) naming
+// grid.json; --dry-run still prints the scripts (exit 0) and says what would collide.
+TEST(GridSearch, ToolRefusesAnEarlierGridAndDryRunSaysSo) {
+  FakeSbatch sbatch("tool");
+  const std::string root = (sbatch.dir() / "runs").string();
+  const std::vector<std::string> submit = {"env", "RINGTRAIN_SBATCH=" + sbatch.path().string(), RINGTRAIN_GRID_TOOL,
+                                           "--output-root", root, "--param", "lr=0.1,0.01"};
+  ProcessResult first = run_process(submit);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_NE(first.output.find("job 101  " + root + "/001_lr-0.01"), std::string::npos) << first.output;
+  ProcessResult second = run_process(submit);
+  EXPECT_EQ(second.exit_code, 1) << second.output;
+  EXPECT_NE(second.output.find("ringtrain-grid: the output root " + root + " holds an earlier grid (" + root +
+                               "/grid.json"),
+            std::string::npos)
+      << second.output;
+  EXPECT_NE(read_text(root + "/grid.json").find("\"job_id\": \"101\""), std::string::npos);
+
+  std::vector<std::string> dry = submit;
+  dry.push_back("--dry-run");
+  ProcessResult dry_run = run_process(dry);
+  EXPECT_EQ(dry_run.exit_code, 0) << dry_run.output;
+  EXPECT_NE(dry_run.output.find("# a real submission would refuse: the output root " + root), std::string::npos)
+      << dry_run.output;
+  EXPECT_NE(dry_run.output.find("==> " + root + "/000_lr-0.1/job.sbatch <=="), std::string::npos);
+
+  std::vector<std::string> overwrite = submit;
+  overwrite.push_back("--overwrite");
+  ProcessResult third = run_process(overwrite);
+  EXPECT_EQ(third.exit_code, 0) << third.output;
+  EXPECT_NE(third.output.find("job 103  " + root + "/001_lr-0.01"), std::string::npos) << third.output;
+  EXPECT_TRUE(fs::exists(root + "/grid.json.1"));
+}
+
+TEST(GridSearch, SlurmTimes) {
+  for (const char* good : {"30", "0", "90:00", "01:00:00", "2-12", "2-12:30", "2-12:30:15", "UNLIMITED"}) {
+    EXPECT_TRUE(is_slurm_time(good)) << good;
+  }
+  for (const char* bad : {"", " ", "1h", "1:2:3:4", "-1", "1-", "1-2-3", ":30", "01:00:00 ", "1.5"}) {
+    EXPECT_FALSE(is_slurm_time(bad)) << "'" << bad << "'";
+  }
+}
+
 TEST(GridSearch, ErrorsNameTheProblem) {
   auto expect = [](const std::function<void()>& f, const std::string& needle) {
     try {
@@ -136,6 +259,19 @@ TEST(GridSearch, ErrorsNameTheProblem) {
   expect([&] { load_grid_config(R"({"params": {"a": [[1]]}})", "", &spec); }, "params.a");
   expect([&] { render_template("x {{nope}}", {{"a", "1"}}); }, "unknown placeholder {{nope}}");
   expect([&] { render_template("x {{a", {{"a", "1"}}); }, "never closed");
+  // counts are whole numbers in range, not truncated (2.7 used to become 2) or wrapped
+  expect([&] { load_grid_config(R"({"nodes": 2.7})", "", &spec); },
+         "\"nodes\" must be a whole number from 1 to 100000, got 2.7");
+  expect([&] { load_grid_config(R"({"nodes": 0})", "", &spec); }, "\"nodes\" must be a whole number");
+  expect([&] { load_grid_config(R"({"nodes": "2"})", "", &spec); }, "\"nodes\" must be a whole number");
+  expect([&] { load_grid_config(R"({"ntasks_per_node": 1e10})", "", &spec); },
+         "\"ntasks_per_node\" must be a whole number from 1 to 4096");
+  GridSpec empty_time;
+  load_grid_config(R"({"time": ""})", "", &empty_time);
+  expect([&] { plan_grid(empty_time); }, "grid: time '' is not a SLURM walltime; write MM, MM:SS, HH:MM:SS");
+  GridSpec no_command;
+  no_command.command = "";
+  expect([&] { plan_grid(no_command); }, "command is empty");
   GridSpec dup;
   dup.params = {{"lr", {"1"}}, {"lr", {"2"}}};
   expect([&] { plan_grid(dup); }, "given twice");
@@ -213,6 +349,8 @@ TEST(GridSearch, SubmitsWithAFakeSbatch) {
 
   // a failing sbatch: the error says which jobs were already submitted
   std::ofstream(fake) << "#!/bin/sh\necho 'sbatch: error: invalid partition'\nexit 1\n";
+  spec.output_root = (dir / "runs-2").string();  // a fresh root: "runs" holds the grid above
+  runs = plan_grid(spec);
   try {
     submit_grid(runs, spec, {{"RINGTRAIN_SBATCH", fake.string()}});
     FAIL() << "expected SlurmError";
