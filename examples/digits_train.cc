@@ -199,6 +199,11 @@ int run(const Options& opt) {
       step = info->progress.step;
       std::printf("resumed from %s: epoch %d, step %lld\n", info->stem.c_str(), start_epoch,
                   static_cast<long long>(step));
+    } else if (!skipped.empty()) {
+      // Starting over would soon rotate the damaged checkpoints away.
+      throw std::runtime_error("--resume: every checkpoint in " + opt.checkpoint_dir +
+                               " is damaged (listed above; nothing was deleted). Repair or move them, or "
+                               "drop --resume to start fresh");
     } else {
       std::printf("no checkpoint in %s; starting fresh\n", opt.checkpoint_dir.c_str());
     }

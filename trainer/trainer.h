@@ -30,7 +30,9 @@
 //   6. at every step boundary ask the RequeueCoordinator whether a signal came
 //      (all ranks agree): then rank 0 writes a checkpoint, all ranks meet at a
 //      barrier, rank 0 runs `scontrol requeue` (SIGUSR1) or not (SIGTERM), and
-//      fit() returns with FitResult::stopped_early so the program exits 0;
+//      fit() returns with FitResult::stopped_early (and requeued) for the program to
+//      choose its exit status (examples/digits_ddp: 0 requeued, 3 stopped with a
+//      checkpoint, 4 stopped with nothing saved);
 //   7. after each epoch: validation through the model without the DDP wrapper
 //      (ranks have different validation batch counts; rank 0's buffers are
 //      broadcast first), sums reduced over the union of the ranks' keys (a rank
