@@ -18,6 +18,8 @@ import statistics
 import sys
 import time
 
+from bench_args import at_least
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import torch  # noqa: E402
@@ -46,17 +48,6 @@ def time_one_step(step, world):
     if world > 1:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
-
-
-def at_least(low):
-    """An argparse type: an integer >= low (a count of zero steps would time nothing)."""
-    def parse(text):
-        value = int(text)
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{value} is less than {low}")
-        return value
-    parse.__name__ = f"integer >= {low}"  # argparse names the type in its error
-    return parse
 
 
 def main():

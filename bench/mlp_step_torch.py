@@ -30,6 +30,8 @@ import statistics
 import sys
 import time
 
+from bench_args import at_least
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
@@ -65,17 +67,6 @@ def loaded_blas():
     with open("/proc/self/maps") as maps:
         libs = sorted({line.split()[-1] for line in maps if "blas" in line.lower() and "/" in line})
     return ", ".join(libs) or "none mapped"
-
-
-def at_least(low):
-    """An argparse type: an integer >= low (a count of zero steps would time nothing)."""
-    def parse(text):
-        value = int(text)
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{value} is less than {low}")
-        return value
-    parse.__name__ = f"integer >= {low}"  # argparse names the type in its error
-    return parse
 
 
 def main():

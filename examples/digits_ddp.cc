@@ -40,6 +40,7 @@
 #include "autograd/autocast.h"
 #include "autograd/autograd.h"
 #include "autograd/functions.h"
+#include "examples/example_cli.h"
 #include "nn/data/dataloader.h"
 #include "nn/data/digits.h"
 #include "nn/layers.h"
@@ -101,19 +102,7 @@ class DigitsClassifier : public trainer::TrainingModule {
   int64_t epochs_;  // -1: no epoch limit (no schedule)
 };
 
-// A real-valued flag that must be finite and > 0 (or >= 0), said in words:
-// CLI::PositiveNumber and CLI::NonNegativeNumber print their range with DBL_MAX
-// written out in full (309 digits).
-CLI::Validator positive_real(bool zero_allowed = false) {
-  return CLI::Validator(
-      [zero_allowed](std::string& text) -> std::string {
-        double value = 0;
-        if (!CLI::detail::lexical_cast(text, value)) return "'" + text + "' is not a number";
-        if (std::isfinite(value) && (value > 0 || (zero_allowed && value == 0))) return {};
-        return std::string("must be ") + (zero_allowed ? ">= 0" : "> 0") + ", got " + text;
-      },
-      zero_allowed ? "REAL >= 0" : "REAL > 0");
-}
+using ringtrain::examples::positive_real;
 
 // A count that is >= 1, or -1 for "no limit" (`what_minus_one_means`): CLI::Range cannot
 // leave out the 0 between them.

@@ -30,6 +30,7 @@
 #include <CLI/CLI.hpp>
 
 #include "autograd/functions.h"
+#include "examples/example_cli.h"
 #include "nn/checkpoint.h"
 #include "nn/data/dataloader.h"
 #include "nn/data/digits.h"
@@ -267,19 +268,7 @@ int run(const Options& opt) {
   return 0;
 }
 
-// A real-valued flag that must be finite and > 0 (or >= 0), said in words:
-// CLI::PositiveNumber and CLI::NonNegativeNumber print their range with DBL_MAX
-// written out in full (309 digits).
-CLI::Validator positive_real(bool zero_allowed = false) {
-  return CLI::Validator(
-      [zero_allowed](std::string& text) -> std::string {
-        double value = 0;
-        if (!CLI::detail::lexical_cast(text, value)) return "'" + text + "' is not a number";
-        if (std::isfinite(value) && (value > 0 || (zero_allowed && value == 0))) return {};
-        return std::string("must be ") + (zero_allowed ? ">= 0" : "> 0") + ", got " + text;
-      },
-      zero_allowed ? "REAL >= 0" : "REAL > 0");
-}
+using ringtrain::examples::positive_real;
 
 constexpr int kIntMax = std::numeric_limits<int>::max();
 
