@@ -175,6 +175,10 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   LaunchInfo info = resolve_launch(options.init_method, env, options.rank, options.world_size);
   ProcessGroupOptions group_options = options.group;
   apply_environment(group_options, env);
+  RT_CHECK(group_options.timeout.count() > 0, "init_process_group: the collective timeout must be positive, got ",
+           group_options.timeout.count(), " ms");
+  RT_CHECK(options.rendezvous_timeout.count() > 0, "init_process_group: rendezvous_timeout must be positive, got ",
+           options.rendezvous_timeout.count(), " ms");
   std::chrono::milliseconds rendezvous_timeout = options.rendezvous_timeout;
   if (auto it = env.find("RINGTRAIN_RENDEZVOUS_TIMEOUT_SEC"); it != env.end() && !it->second.empty()) {
     rendezvous_timeout = std::chrono::seconds(env_int(env, "RINGTRAIN_RENDEZVOUS_TIMEOUT_SEC", 1, 1 << 30,

@@ -369,6 +369,9 @@ LaunchInfo resolve_launch(const std::string& init_method, const EnvMap& env, int
   if (method == "slurm://" || method == "slurm") return parse_slurm_method(env);
   if (method == "mpi://" || method == "mpi") return parse_mpi_method(env);
   if (method == "single") {
+    RT_CHECK(world_size <= 1 && rank <= 0, "init method 'single' is one process (rank 0 of 1), but rank ", rank,
+             " and world size ", world_size, " were given; use tcp://host:port or file:///path with them, or "
+             "leave them unset");
     LaunchInfo info;
     info.method = "single";
     info.master_addr = "127.0.0.1";

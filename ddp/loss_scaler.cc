@@ -18,6 +18,8 @@ LossScaler::LossScaler(LossScalerOptions options, std::shared_ptr<comm::ProcessG
 }
 
 Tensor LossScaler::scale(const Tensor& loss) const {
+  RT_CHECK(loss.defined() && is_floating_point(loss.dtype()), "LossScaler::scale: the loss must be a floating-point "
+           "tensor, got ", loss.defined() ? loss.describe() : std::string("an undefined tensor"));
   if (!options_.enabled) return loss;
   return ag::mul(loss, scale_);  // differentiable: backward of the scaled loss gives S * grad
 }
@@ -33,6 +35,9 @@ bool LossScaler::any_rank(bool flag) const {
 bool LossScaler::unscale_(const std::vector<Tensor>& grads) {
   RT_CHECK(!unscaled_, "LossScaler::unscale_: already called since the last update(); "
                        "call it at most once per step");
+  for (const Tensor& grad : grads)
+    RT_CHECK(!grad.defined() || is_floating_point(grad.dtype()), "LossScaler::unscale_: gradient ", grad.describe(),
+             " is not floating-point; pass the parameters' gradients");
   if (options_.enabled) {
     // As GradScaler: dividing float16 gradients in place by the scale flushes the small ones
     // to zero (the very values scaling exists to keep). O2 keeps float32 master gradients.

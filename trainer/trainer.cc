@@ -4,9 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <limits>
@@ -164,6 +167,16 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
   RT_CHECK(options_.precision == "32" || options_.precision == "16-mixed" || options_.precision == "bf16-mixed",
            "Trainer: precision must be 32, 16-mixed or bf16-mixed, got '", options_.precision, "'");
   RT_CHECK(options_.num_nodes >= 1, "Trainer: num_nodes must be >= 1");
+  RT_CHECK(options_.backend == "auto" || options_.backend == "ring" || options_.backend == "mpi" ||
+               options_.backend == "nccl",
+           "Trainer: backend must be auto, ring, mpi or nccl, got '", options_.backend, "'");
+  RT_CHECK(std::isfinite(options_.gradient_clip_val) && options_.gradient_clip_val >= 0,
+           "Trainer: gradient_clip_val must be >= 0 (0: no clipping), got ", options_.gradient_clip_val);
+  RT_CHECK(options_.keep_last >= 1, "Trainer: keep_last must be >= 1, got ", options_.keep_last);
+  RT_CHECK(!options_.resume.empty(), "Trainer: resume must be \"auto\", \"never\" or a checkpoint stem, got ''");
+  RT_CHECK(options_.resume == "auto" || options_.resume == "never" || !options_.checkpoint_dir.empty(),
+           "Trainer: resume='", options_.resume, "' names a checkpoint but checkpoint_dir is empty; set "
+           "checkpoint_dir (the run's checkpoints go there), or resume=\"never\"");
 }
 
 FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Dataset> train,
@@ -171,6 +184,21 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
   RT_CHECK(train != nullptr && train->size() > 0, "Trainer::fit: the training data set is empty");
   const TrainerOptions& o = options_;
   FitResult result;
+  // Output paths fail now, not after the first epoch has trained.
+  if (!o.checkpoint_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.checkpoint_dir, ec);
+    RT_CHECK(!ec && access(o.checkpoint_dir.c_str(), W_OK) == 0, "Trainer: cannot create or write checkpoint_dir '",
+             o.checkpoint_dir, "': ", ec ? ec.message() : std::strerror(errno));
+  }
+  for (const std::string* path : {&o.metrics_csv, &o.step_log_csv}) {
+    if (path->empty()) continue;
+    const std::filesystem::path p(*path);
+    const std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
+    const bool ok = access(path->c_str(), F_OK) == 0 ? access(path->c_str(), W_OK) == 0 : access(dir.c_str(), W_OK) == 0;
+    RT_CHECK(ok, "Trainer: cannot write '", *path, "': ", std::strerror(errno),
+             " (the directory must exist and be writable)");
+  }
 
   // ---- 0. watch for the walltime signal from the very start. SLURM may send it
   // soon after a (re)start (docs/slurm.md), while we still wait for the other ranks
@@ -184,6 +212,8 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
            ") started this job on ", env.num_nodes, " node(s); pass num_nodes=", env.num_nodes,
            " or launch on ", o.num_nodes, " nodes (e.g. srun -N", o.num_nodes, ")");
   slurm::DeviceSelection selection = slurm::parse_devices(o.devices);
+  RT_CHECK(o.backend != "nccl" || !selection.is_cpu(), "Trainer: backend=nccl needs GPUs, but devices='", o.devices,
+           "' trains on the CPU; use backend=ring (or auto), or devices that name GPUs");
   const size_t local_devices = std::max<size_t>(1, selection.cuda_devices.size());
   auto check_strategy_fits = [&](int processes, Strategy strategy) {
     RT_CHECK(processes == 1 || strategy == Strategy::kDdp || strategy == Strategy::kDdp2,
@@ -228,6 +258,7 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
   }
   default_generator().manual_seed(o.seed + static_cast<uint64_t>(rank));
   std::shared_ptr<nn::Module> model = module.model();
+  RT_CHECK(model != nullptr, "Trainer::fit: the module's model() returned null; return the network to train");
   model->to(device);
   std::shared_ptr<nn::Module> wrapped = model;
   if (strategy == Strategy::kDp || strategy == Strategy::kDdp2)
@@ -516,6 +547,7 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
           for (auto& [k, v] : totals) csv << "," << k;
           csv << "\n";
         }
+        RT_CHECK(csv.good(), "Trainer: cannot write metrics_csv '", o.metrics_csv, "': ", std::strerror(errno));
         csv << epoch << "," << global_step << "," << (loss_count ? loss_sum / loss_count : 0.0) << "," << seconds
             << "," << optimizer.param_groups().front().lr();
         for (auto& [k, v] : totals) csv << "," << v;

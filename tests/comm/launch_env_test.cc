@@ -155,6 +155,9 @@ TEST(UrlMethods, TcpAndFile) {
   EXPECT_NE(error_of([] { resolve_launch("tcp://h:1", {}, -1, -1); }).find("world size is unknown"), std::string::npos);
   EXPECT_NE(error_of([] { resolve_launch("file://relative", {}, 0, 1); }).find("absolute"), std::string::npos);
   EXPECT_NE(error_of([] { resolve_launch("bogus://", {}, 0, 1); }).find("is not one of"), std::string::npos);
+  // 'single' is rank 0 of 1: a rank or world size given with it was silently dropped
+  EXPECT_NE(error_of([] { resolve_launch("single", {}, 3, 2); }).find("is one process"), std::string::npos);
+  EXPECT_EQ(resolve_launch("single", {}, -1, -1).method, "single");
 }
 
 TEST(Detection, DocumentedOrder) {

@@ -264,6 +264,17 @@ TEST(DebugMode, SignaturesOfCheckedCollectivesAreRemovedFromTheStore) {
   EXPECT_TRUE(group->store().try_get("rt/world/debug/19/0").has_value()) << "not the key layout this test expects";
 }
 
+// A zero or negative timeout would make every wait fail at once (or never): refused.
+TEST(InitOptions, NonPositiveTimeoutsAreRefused) {
+  InitOptions options;
+  options.init_method = "single";
+  options.group.timeout = std::chrono::milliseconds(0);
+  EXPECT_THROW(init_process_group(options), Error);
+  options.group.timeout = std::chrono::seconds(10);
+  options.rendezvous_timeout = std::chrono::milliseconds(-5);
+  EXPECT_THROW(init_process_group(options), Error);
+}
+
 TEST(Store, ClientLearnsWhenServerGoesAway) {
   auto server = std::make_unique<StoreServer>("127.0.0.1", 0, "t");
   Store store("127.0.0.1", server->port(), "t");

@@ -31,6 +31,14 @@ std::vector<double> reference_scales(double init, double growth, double backoff,
   return scales;
 }
 
+// An integer loss or gradient has no scale to apply or undo (and no gradient).
+TEST(LossScalerTest, IntegerLossOrGradientsAreRefused) {
+  LossScaler scaler;
+  EXPECT_THROW(scaler.scale(full({1}, 3, DType::kInt64)), Error);
+  EXPECT_THROW(scaler.scale(Tensor()), Error);
+  EXPECT_THROW(scaler.unscale_({full({2}, 1, DType::kInt32)}), Error);
+}
+
 TEST(LossScalerTest, DefaultsMatchGradScaler) {
   LossScaler scaler;
   EXPECT_EQ(scaler.get_scale(), 65536.0);

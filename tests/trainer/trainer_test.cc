@@ -3,8 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "autograd/functions.h"
 #include "nn/checkpoint.h"
@@ -58,6 +60,44 @@ TEST(TrainerTest, RejectsBadOptionsWithTheFix) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("num_nodes"), std::string::npos) << e.what();
   }
+}
+
+// Options that were silently ignored (or failed only after an epoch had trained) are
+// refused up front, each naming the option.
+TEST(TrainerTest, RejectsIgnoredOrLateFailingOptionsUpFront) {
+  auto error_of = [](const std::function<void()>& fn) -> std::string {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  auto data = blobs(32, 1);
+  auto fit = [&](TrainerOptions o) {
+    BlobClassifier m;
+    o.max_epochs = 1;
+    Trainer(quiet(o)).fit(m, data);
+  };
+  EXPECT_NE(error_of([&] { fit({.backend = "gloo"}); }).find("backend must be auto, ring, mpi or nccl"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { fit({.backend = "nccl"}); }).find("backend=nccl needs GPUs"), std::string::npos);
+  EXPECT_NE(error_of([&] { fit({.gradient_clip_val = -1}); }).find("gradient_clip_val must be >= 0"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { fit({.gradient_clip_val = std::nan("")}); }).find("gradient_clip_val"), std::string::npos);
+  EXPECT_NE(error_of([&] { fit({.resume = "ckpt-0000000007"}); }).find("checkpoint_dir is empty"), std::string::npos);
+  EXPECT_NE(error_of([&] { fit({.metrics_csv = "/nonexistent/dir/m.csv"}); }).find("cannot write '/nonexistent/dir/m.csv'"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { fit({.checkpoint_dir = "/proc/nope"}); }).find("cannot create or write checkpoint_dir"),
+            std::string::npos);
+  struct NullModel : BlobClassifier {
+    std::shared_ptr<nn::Module> model() override { return nullptr; }
+  };
+  EXPECT_NE(error_of([&] {
+              NullModel m;
+              Trainer(quiet({.max_epochs = 1})).fit(m, data);
+            }).find("model() returned null"),
+            std::string::npos);
 }
 
 TEST(TrainerTest, LearnsAndWritesMetrics) {
