@@ -7,6 +7,7 @@
 #include "autograd/autograd.h"
 #include "autograd/graph.h"
 #include "tensor/checks.h"
+#include "tensor/memory_overlap.h"
 #include "tensor/ops.h"
 
 namespace ringtrain::autograd {
@@ -70,10 +71,31 @@ Tensor grad(const Tensor& t) {
   return m ? m->grad : Tensor();
 }
 
+namespace {
+// A gradient buffer for `t` that backward will write (accumulate) into: the leaf's
+// shape, dtype and device, no two elements at one address, and none of the leaf's
+// own memory (else backward would overwrite the parameter). `op` names the caller.
+void check_grad_buffer(const Tensor& t, const Tensor& g, const char* op, const char* what) {
+  RT_CHECK(t.defined(), op, ": the tensor is undefined");
+  RT_CHECK(g.shape() == t.shape(), op, ": ", what, " ", g.describe(), " does not match the shape of the tensor ",
+           t.describe());
+  RT_CHECK(g.dtype() == t.dtype(), op, ": ", what, " ", g.describe(), " has another dtype than the tensor ",
+           t.describe(), "; convert it first (g.to(", dtype_name(t.dtype()), "))");
+  RT_CHECK(g.device() == t.device(), op, ": ", what, " ", g.describe(), " is on another device than the tensor ",
+           t.describe(), "; move it first (g.to(", t.device().str(), "))");
+  for (int64_t d = 0; d < g.dim(); ++d)
+    RT_CHECK(g.size(d) <= 1 || g.stride(d) != 0, op, ": ", what, " ", g.describe(), " has stride 0 in dim ", d,
+             " (an expanded view), so several of its elements are one memory location and backward could "
+             "not accumulate into it; pass a contiguous tensor (clone() it first)");
+  RT_CHECK(memory_overlap(g, t) == MemoryOverlap::kNone, op, ": ", what, " ", g.describe(),
+           " shares memory with the tensor ", t.describe(), " itself, so backward would overwrite the "
+           "tensor's values with its gradient; pass a separate buffer (clone() it first)");
+}
+}  // namespace
+
 void set_grad(const Tensor& t, const Tensor& g) {
   if (g.defined()) {
-    RT_CHECK(g.shape() == t.shape(), "set_grad: gradient ", g.describe(), " does not match tensor ",
-             t.describe());
+    check_grad_buffer(t, g, "set_grad", "gradient");
     meta(t).grad = g;
   } else if (AutogradMeta* m = meta_or_null(t)) {
     m->grad = Tensor();
@@ -82,10 +104,9 @@ void set_grad(const Tensor& t, const Tensor& g) {
 
 void set_grad_destination(const Tensor& t, const Tensor& destination) {
   if (destination.defined()) {
-    RT_CHECK(destination.shape() == t.shape() && destination.dtype() == t.dtype() &&
-                 destination.device() == t.device() && destination.is_contiguous(),
-             "set_grad_destination: the destination must be a contiguous tensor of the leaf's shape, "
-             "dtype and device; got ", destination.describe(), " for ", t.describe());
+    check_grad_buffer(t, destination, "set_grad_destination", "the destination");
+    RT_CHECK(destination.is_contiguous(), "set_grad_destination: the destination must be contiguous; got ",
+             destination.describe(), " for ", t.describe());
     RT_CHECK(is_leaf(t), "set_grad_destination: ", t.describe(), " is not a leaf (only leaves "
              "accumulate .grad)");
     AutogradMeta& m = meta(t);

@@ -165,13 +165,17 @@ const Tensor& set_requires_grad(const Tensor& t, bool requires_grad = true);
 bool requires_grad(const Tensor& t);
 bool is_leaf(const Tensor& t);                    // no grad_fn
 Tensor grad(const Tensor& t);                     // undefined when none
-void set_grad(const Tensor& t, const Tensor& g);  // g may be undefined (= set to none)
+// g may be undefined (= set to none); otherwise it must have t's shape, dtype and
+// device, not be an expanded view, and not share t's memory (backward accumulates
+// into .grad in place). Throws otherwise.
+void set_grad(const Tensor& t, const Tensor& g);
 // A preallocated buffer for a leaf's next gradient (DDP passes its bucket slot):
 // while .grad is undefined, the next backward leaves the gradient in `destination`
 // and makes it .grad, instead of allocating one. A rule that can write its result
 // in place (linear's weight gradient, a GEMM) writes straight into it via
 // BackwardContext::destination(); otherwise the gradient is copied in. The buffer
-// must match the leaf's shape and dtype and be contiguous; its old values are
+// must match the leaf's shape, dtype and device, be contiguous and not share the
+// leaf's own memory (checked: throws otherwise); its old values are
 // never read. Undefined clears it. Ignored while .grad is defined (then backward
 // accumulates into .grad as always) and when the leaf has grad hooks.
 void set_grad_destination(const Tensor& t, const Tensor& destination);
@@ -197,7 +201,8 @@ bool in_backward();  // true inside hooks/nodes/callbacks of a running backward
 // ---------------------------------------------------------------- backward
 // Computes gradients of `root` w.r.t. every leaf that requires grad and
 // accumulates them into the leaves' .grad. `grad_root` may be omitted only for a
-// one-element root (then 1 is used). The graph is freed unless retain_graph.
+// one-element root (then 1 is used); otherwise it must have the root's shape, dtype
+// and device (checked up front). The graph is freed unless retain_graph.
 void backward(const Tensor& root, const Tensor& grad_root = Tensor(), bool retain_graph = false);
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots,
               bool retain_graph = false);

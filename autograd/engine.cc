@@ -157,8 +157,10 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
                "; reduce it first (e.g. sum or mean) or pass the gradient explicitly");
       g = ones_like(root);
     } else {
-      RT_CHECK(g.shape() == root.shape(), "backward: gradient ", g.describe(),
-               " does not match the root ", root.describe());
+      RT_CHECK(g.shape() == root.shape() && g.dtype() == root.dtype() && g.device() == root.device(),
+               "backward: the gradient ", g.describe(), " for root ", i, " must have the root's shape, "
+               "dtype and device, but the root is ", root.describe(), "; make it with e.g. "
+               "ones_like(root) or convert it (g.to(root.device(), root.dtype()))");
     }
     Edge edge = gradient_edge(root);
     if (!edge.node) continue;

@@ -520,6 +520,9 @@ Tensor clone(const Tensor& a) {
 
 // to(dtype): converted values  ->  g converted back
 Tensor to(const Tensor& a, DType dtype) {
+  // As in PyTorch, a cast to an integer (or bool) dtype ends the graph: its values are
+  // piecewise constant, so the result does not require grad.
+  if (!is_floating_point(dtype)) return a.to(dtype);
   return record("to", {a}, a.to(dtype), {},
                 [from = a.dtype()](const Tensor& g, Ctx&) -> Grads { return {g.to(from)}; });
 }

@@ -79,6 +79,8 @@ Tensor squeeze(const Tensor& a, int64_t dim);
 Tensor expand(const Tensor& a, const Shape& shape);
 Tensor contiguous(const Tensor& a);
 Tensor clone(const Tensor& a);
+// A cast to a floating dtype is differentiable (the gradient is cast back); a cast
+// to an integer or bool dtype is not: its result does not require grad (as in PyTorch).
 Tensor to(const Tensor& a, DType dtype);
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);

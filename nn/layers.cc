@@ -6,6 +6,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "autograd/autocast.h"
 #include "autograd/autograd.h"
 #include "autograd/functions.h"
 #include "tensor/checks.h"
@@ -23,6 +24,37 @@ Tensor uniform_fan_in(const Shape& shape, int64_t fan_in, Generator& gen) {
 }
 
 std::string bool_str(bool b) { return b ? "true" : "false"; }
+
+const char* dtype_enum(DType d) {
+  switch (d) {
+    case DType::kFloat32: return "DType::kFloat32";
+    case DType::kFloat64: return "DType::kFloat64";
+    case DType::kFloat16: return "DType::kFloat16";
+    case DType::kBFloat16: return "DType::kBFloat16";
+    case DType::kInt32: return "DType::kInt32";
+    case DType::kInt64: return "DType::kInt64";
+  }
+  return "DType::?";
+}
+
+// A layer's input must be floating point and, outside autocast (whose casts make
+// half inputs meet float32 weights on purpose), of the dtype of the layer's
+// parameters (`like`: a weight or a running statistic), on their device. Checked
+// up front so the error names the layer, not the first kernel that trips over it.
+void check_layer_input(const std::string& layer, const Tensor& input, const Tensor& like) {
+  RT_CHECK(input.defined(), layer, ": the input is an undefined Tensor");
+  RT_CHECK(is_floating_point(input.dtype()), layer, ": the input is ", input.describe(), ", but ", layer,
+           " computes in floating point; convert the input (input.to(",
+           dtype_enum(like.defined() ? like.dtype() : DType::kFloat32), "))");
+  if (!like.defined()) return;
+  RT_CHECK(input.device() == like.device(), layer, ": the input ", input.describe(), " is on ",
+           input.device().str(), " but the layer's parameters are on ", like.device().str(),
+           "; move the module there (module->to(Device)) or the input (input.to(", like.device().str(), "))");
+  if (autograd::autocast_enabled()) return;
+  RT_CHECK(input.dtype() == like.dtype(), layer, ": the input is ", input.describe(), " but the layer's "
+           "parameters are ", dtype_name(like.dtype()), "; move the module to the input's dtype (module->to(",
+           dtype_enum(input.dtype()), ")) or convert the input (input.to(", dtype_enum(like.dtype()), "))");
+}
 }  // namespace
 
 // ---------------------------------------------------------------- Linear
@@ -36,6 +68,7 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, Generator& 
 }
 
 Tensor Linear::forward(const Tensor& input) {
+  check_layer_input(type_name(), input, param(weight_));
   return ag::linear(input, param(weight_), has_bias_ ? param(bias_) : Tensor());
 }
 
@@ -60,7 +93,9 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, i
   RT_CHECK(in_channels > 0 && out_channels > 0 && kernel_size > 0 && groups > 0 &&
                in_channels % groups == 0 && out_channels % groups == 0,
            "Conv2d: invalid sizes in=", in_channels, " out=", out_channels, " kernel=", kernel_size,
-           " groups=", groups);
+           " groups=", groups, " (all must be positive, and groups must divide in and out)");
+  RT_CHECK(stride > 0 && padding >= 0 && dilation > 0, "Conv2d: invalid stride=", stride, " padding=", padding,
+           " dilation=", dilation, " (need stride >= 1, padding >= 0, dilation >= 1)");
   params_.stride_h = params_.stride_w = stride;
   params_.pad_h = params_.pad_w = padding;
   params_.dilation_h = params_.dilation_w = dilation;
@@ -72,6 +107,7 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, i
 }
 
 Tensor Conv2d::forward(const Tensor& input) {
+  check_layer_input(type_name(), input, param(weight_));
   return ag::conv2d(input, param(weight_), has_bias_ ? param(bias_) : Tensor(), params_);
 }
 
@@ -120,6 +156,10 @@ BatchNorm::BatchNorm(std::string type_name, int64_t num_features, int64_t dim_mi
     : Cloneable(std::move(type_name)), num_features_(num_features), dim_min_(dim_min), dim_max_(dim_max),
       eps_(eps), momentum_(momentum), affine_(affine) {
   RT_CHECK(num_features > 0, this->type_name(), ": num_features must be positive, got ", num_features);
+  RT_CHECK(std::isfinite(eps) && eps >= 0, this->type_name(), ": eps (added to the variance) must be finite "
+           "and >= 0, got ", eps, " (PyTorch's default: 1e-5)");
+  RT_CHECK(momentum >= 0 && momentum <= 1, this->type_name(), ": momentum (the running statistics' update "
+           "weight) must be in [0, 1], got ", momentum, " (PyTorch's default: 0.1)");
   if (affine) {
     weight_ = register_parameter("weight", ones({num_features}));
     bias_ = register_parameter("bias", zeros({num_features}));
@@ -130,6 +170,7 @@ BatchNorm::BatchNorm(std::string type_name, int64_t num_features, int64_t dim_mi
 }
 
 Tensor BatchNorm::forward(const Tensor& input) {
+  check_layer_input(type_name(), input, buffer(running_mean_));
   RT_CHECK(input.dim() >= dim_min_ && input.dim() <= dim_max_ && input.size(1) == num_features_,
            type_name(), ": expected input of rank ", dim_min_, dim_min_ == dim_max_ ? "" : " or ",
            dim_min_ == dim_max_ ? "" : std::to_string(dim_max_), " with ", num_features_,
@@ -154,6 +195,11 @@ LayerNorm::LayerNorm(Shape normalized_shape, double eps, bool elementwise_affine
     : Cloneable("LayerNorm"), normalized_shape_(std::move(normalized_shape)), eps_(eps),
       affine_(elementwise_affine) {
   RT_CHECK(!normalized_shape_.empty(), "LayerNorm: normalized_shape must not be empty");
+  for (int64_t d : normalized_shape_)
+    RT_CHECK(d > 0, "LayerNorm: every size in normalized_shape must be positive, got ",
+             shape_str(normalized_shape_), " (the sizes of the input's last dims)");
+  RT_CHECK(std::isfinite(eps) && eps >= 0, "LayerNorm: eps (added to the variance) must be finite and >= 0, "
+           "got ", eps, " (PyTorch's default: 1e-5)");
   if (affine_) {
     weight_ = register_parameter("weight", ones(normalized_shape_));
     bias_ = register_parameter("bias", zeros(normalized_shape_));
@@ -161,6 +207,7 @@ LayerNorm::LayerNorm(Shape normalized_shape, double eps, bool elementwise_affine
 }
 
 Tensor LayerNorm::forward(const Tensor& input) {
+  check_layer_input(type_name(), input, affine_ ? param(weight_) : Tensor());
   return ag::layer_norm(input, normalized_shape_, affine_ ? param(weight_) : Tensor(),
                         affine_ ? param(bias_) : Tensor(), eps_);
 }

@@ -27,19 +27,25 @@ class LRScheduler {
   LRScheduler(std::string type_name, Optimizer& optimizer);
   virtual ~LRScheduler() = default;
 
-  // Advances one epoch and writes the new lr into every param group.
+  // Advances one epoch and writes the new lr into every param group (on error,
+  // neither the epoch nor any lr changes).
   void step();
   int64_t last_epoch() const { return last_epoch_; }
   std::vector<double> get_last_lr() const;
-  // The lr of group `group` at epoch `epoch` (closed form).
+  // The lr of group `group` at epoch `epoch` (closed form). Throws when the group
+  // does not exist or the epoch is negative.
   virtual double lr_at(int64_t epoch, size_t group) const = 0;
 
   nlohmann::json state_dict() const;
-  // Throws when the type or the number of groups differ; then applies the lr.
+  // Checks everything first (type, last_epoch an integer >= 0, base_lrs one finite
+  // number >= 0 per group) and throws, changing nothing, on any mismatch; then applies the lr.
   void load_state_dict(const nlohmann::json& state);
 
  protected:
   void apply();  // writes lr_at(last_epoch_) into the groups
+  void apply_at(int64_t epoch);  // all lrs computed and checked, then written
+  // base_lrs_[group], after checking the arguments of lr_at.
+  double base_lr(int64_t epoch, size_t group) const;
 
   std::string type_name_;          // "StepLR", ...; checked on load
   Optimizer* optimizer_;           // not owned; must outlive the schedule
@@ -47,7 +53,7 @@ class LRScheduler {
   int64_t last_epoch_ = 0;         // number of step() calls so far
 };
 
-// lr = base * gamma^(epoch / step_size).
+// lr = base * gamma^(epoch / step_size); gamma finite and > 0.
 class StepLR : public LRScheduler {
  public:
   StepLR(Optimizer& optimizer, int64_t step_size, double gamma = 0.1);
@@ -58,7 +64,8 @@ class StepLR : public LRScheduler {
   double gamma_;
 };
 
-// lr = eta_min + (base - eta_min) * (1 + cos(pi * epoch / t_max)) / 2, epoch clamped to t_max.
+// lr = eta_min + (base - eta_min) * (1 + cos(pi * epoch / t_max)) / 2, epoch clamped to t_max;
+// eta_min finite and >= 0.
 class CosineAnnealingLR : public LRScheduler {
  public:
   CosineAnnealingLR(Optimizer& optimizer, int64_t t_max, double eta_min = 0.0);

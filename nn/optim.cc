@@ -4,7 +4,10 @@
 // parameter (add_/mul_), under no_grad.
 #include "nn/optim.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -15,6 +18,56 @@
 namespace ringtrain::nn {
 
 using autograd::NoGradGuard;
+
+// ---------------------------------------------------------------- hyperparameter checks
+
+namespace {
+std::string number_str(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+// The ranges PyTorch's optimizers check (torch/optim/sgd.py, adam.py), plus finiteness:
+// every known option by name, so each optimizer, add_param_group, load_state_dict and
+// step() share one rule. `where` prefixes the message ("SGD", "Adam::load_state_dict").
+void check_option(const std::string& where, const std::string& key, double value) {
+  auto bad = [&](const char* need, const char* hint) {
+    throw Error(where + ": " + key + " must be " + need + ", got " + number_str(value) + hint);
+  };
+  if (key == "nesterov" || key == "amsgrad") {
+    if (value != 0 && value != 1) bad("0 or 1 (false or true)", "");
+    return;
+  }
+  static const std::set<std::string> kKnown = {"lr", "momentum", "dampening", "weight_decay",
+                                               "eps", "beta1", "beta2"};
+  if (!kKnown.count(key)) return;  // a subclass's own option: its own business
+  if (!std::isfinite(value)) bad("finite", "");
+  if (key == "lr") {
+    if (value < 0) bad(">= 0", " (a negative lr climbs the loss)");
+  } else if (key == "momentum" || key == "weight_decay" || key == "eps") {
+    if (value < 0) bad(">= 0", "");
+  } else if (key == "beta1" || key == "beta2") {
+    if (value < 0 || value >= 1) bad("in [0, 1)", " (typical: beta1 0.9, beta2 0.999)");
+  }
+}
+
+void check_options(const std::string& where, const std::map<std::string, double>& options) {
+  for (const auto& [key, value] : options) check_option(where, key, value);
+  auto get = [&](const char* key) {
+    auto it = options.find(key);
+    return it == options.end() ? 0.0 : it->second;
+  };
+  RT_CHECK(get("nesterov") == 0 || (get("momentum") > 0 && get("dampening") == 0), where,
+           ": Nesterov momentum requires momentum > 0 and dampening = 0, got momentum=", get("momentum"),
+           " dampening=", get("dampening"));
+}
+}  // namespace
+
+void ParamGroup::set_lr(double lr) {
+  check_option("ParamGroup::set_lr", "lr", lr);
+  options["lr"] = lr;
+}
 
 // ---------------------------------------------------------------- base
 
@@ -30,6 +83,7 @@ void Optimizer::add_param_group(ParamGroup group) {
   for (const auto& [key, value] : defaults_) group.options.try_emplace(key, value);
   for (const auto& [key, value] : group.options)
     RT_CHECK(defaults_.count(key), type_name_, ": unknown option '", key, "' in a parameter group");
+  check_options(type_name_, group.options);
   std::set<const TensorImpl*> seen;
   for (const auto& g : groups_)
     for (const Tensor& p : g.params) seen.insert(p.unsafe_impl());
@@ -79,46 +133,117 @@ OptimizerState Optimizer::state_dict() const {
   return out;
 }
 
+void Optimizer::check_groups(const char* op) const {
+  for (size_t gi = 0; gi < groups_.size(); ++gi)
+    check_options(type_name_ + "::" + op + " (param group " + std::to_string(gi) + ")", groups_[gi].options);
+}
+
+namespace {
+// A decimal parameter index ("0", "17"); nullopt for anything else ("abc", "-1", "1x", "").
+std::optional<size_t> parse_index(const std::string& text) {
+  if (text.empty() || text.size() > 18) return std::nullopt;
+  size_t value = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    value = value * 10 + static_cast<size_t>(c - '0');
+  }
+  return value;
+}
+}  // namespace
+
 void Optimizer::load_state_dict(const OptimizerState& in) {
   const nlohmann::json& j = in.scalars;
   auto fail = [&](const std::string& why) {
     throw Error(type_name_ + "::load_state_dict: " + why + " (nothing was changed)");
   };
+  // ---- check everything; nothing is written until the end ----
   if (!j.is_object() || !j.contains("type") || !j.contains("param_groups") || !j.contains("state"))
     fail("the state has no \"type\", \"param_groups\" and \"state\" entries");
-  if (j["type"] != type_name_) fail("the state is of a " + j["type"].dump() + " optimizer");
+  if (!j["type"].is_string() || j["type"].get<std::string>() != type_name_)
+    fail("the state is of a " + j["type"].dump() + " optimizer, this is a " + type_name_);
   const auto& groups = j["param_groups"];
   if (!groups.is_array() || groups.size() != groups_.size())
-    fail("the state has " + std::to_string(groups.size()) + " parameter groups, this optimizer " +
-         std::to_string(groups_.size()));
+    fail("the state has " + (groups.is_array() ? std::to_string(groups.size()) : groups.dump()) +
+         " parameter groups, this optimizer " + std::to_string(groups_.size()));
   std::vector<const Tensor*> flat;
+  std::vector<size_t> group_of;  // flat index -> group index
+  std::vector<std::map<std::string, double>> new_options;
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
-    if (!groups[gi].contains("params") || groups[gi]["params"].size() != groups_[gi].params.size())
-      fail("group " + std::to_string(gi) + " has a different number of parameters");
-    for (const Tensor& p : groups_[gi].params) flat.push_back(&p);
+    const std::string gname = "param_groups[" + std::to_string(gi) + "]";
+    const auto& g = groups[gi];
+    if (!g.is_object()) fail(gname + " must be an object, got " + g.dump());
+    if (!g.contains("params") || !g["params"].is_array() || g["params"].size() != groups_[gi].params.size())
+      fail(gname + " has a different number of parameters (this optimizer's group has " +
+           std::to_string(groups_[gi].params.size()) + ")");
+    std::map<std::string, double> options = groups_[gi].options;
+    for (const auto& [key, value] : g.items()) {
+      if (key == "params") continue;
+      if (!defaults_.count(key)) fail(gname + " has option \"" + key + "\", which " + type_name_ + " does not know");
+      if (!value.is_number() && !value.is_boolean())
+        fail(gname + "." + key + " must be a number, got " + value.dump());
+      options[key] = value.is_boolean() ? (value.get<bool>() ? 1.0 : 0.0) : value.get<double>();
+    }
+    try {
+      check_options(gname, options);
+    } catch (const Error& e) {
+      fail(e.what());
+    }
+    new_options.push_back(std::move(options));
+    for (const Tensor& p : groups_[gi].params) {
+      flat.push_back(&p);
+      group_of.push_back(gi);
+    }
   }
-  // Collect state tensors by parameter index and check shapes before changing anything.
+  const auto& jstate = j["state"];
+  if (!jstate.is_object()) fail("\"state\" must be an object {\"<param index>\": {\"step\": n}}, got " + jstate.dump());
   std::map<size_t, ParamState> new_state;
-  for (const auto& [key, value] : j["state"].items()) {
-    size_t i = std::stoul(key);
-    if (i >= flat.size()) fail("state for parameter " + key + " but only " + std::to_string(flat.size()));
-    new_state[i].step = value.at("step").get<int64_t>();
+  for (const auto& [key, value] : jstate.items()) {
+    std::optional<size_t> i = parse_index(key);
+    if (!i) fail("state key \"" + key + "\" is not a parameter index (a decimal number)");
+    if (*i >= flat.size())
+      fail("state for parameter " + key + " but this optimizer has " + std::to_string(flat.size()) + " parameters");
+    if (!value.is_object() || !value.contains("step"))
+      fail("state." + key + " must be an object with a \"step\" count, got " + value.dump());
+    const auto& step = value["step"];
+    if (!step.is_number_integer() || (!step.is_number_unsigned() && step.get<int64_t>() < 0) ||
+        (step.is_number_unsigned() && step.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)))
+      fail("state." + key + ".step must be an integer >= 0, got " + step.dump());
+    new_state[*i].step = step.get<int64_t>();
   }
   for (const auto& [name, t] : in.tensors) {
     // "state.<i>.<buf>"
     auto first = name.find('.'), second = name.find('.', first + 1);
-    if (name.rfind("state.", 0) != 0 || second == std::string::npos) fail("bad tensor name '" + name + "'");
-    size_t i = std::stoul(name.substr(first + 1, second - first - 1));
+    std::optional<size_t> i;
+    if (name.rfind("state.", 0) == 0 && second != std::string::npos && second + 1 < name.size())
+      i = parse_index(name.substr(first + 1, second - first - 1));
+    if (!i) fail("bad tensor name '" + name + "' (expected state.<param index>.<buffer>)");
     std::string buf = name.substr(second + 1);
-    if (i >= flat.size()) fail("tensor '" + name + "' names a parameter that does not exist");
-    if (t.shape() != flat[i]->shape())
+    if (*i >= flat.size()) fail("tensor '" + name + "' names a parameter that does not exist");
+    auto it = new_state.find(*i);
+    if (it == new_state.end())
+      fail("tensor '" + name + "' belongs to parameter " + std::to_string(*i) +
+           ", which has no entry (step count) in \"state\"");
+    if (!t.defined()) fail("tensor '" + name + "' is an undefined Tensor");
+    if (!is_floating_point(t.dtype())) fail("tensor '" + name + "' is " + t.describe() + "; state buffers are floating point");
+    if (t.shape() != flat[*i]->shape())
       fail("tensor '" + name + "' has shape " + shape_str(t.shape()) + " but the parameter is " +
-           shape_str(flat[i]->shape()));
-    new_state[i].bufs[buf] = t.to(flat[i]->device(), flat[i]->dtype()).clone();
+           shape_str(flat[*i]->shape()));
+    StateSpec spec = state_spec(new_options[group_of[*i]]);
+    if (!spec.any && std::find(spec.required.begin(), spec.required.end(), buf) == spec.required.end() &&
+        std::find(spec.optional.begin(), spec.optional.end(), buf) == spec.optional.end())
+      fail("tensor '" + name + "': " + type_name_ + " keeps no buffer named '" + buf + "'");
+    if (it->second.bufs.count(buf)) fail("tensor '" + name + "' appears twice");
+    it->second.bufs[buf] = t.to(flat[*i]->device(), flat[*i]->dtype()).clone();
   }
-  for (size_t gi = 0; gi < groups_.size(); ++gi)
-    for (const auto& [key, value] : groups[gi].items())
-      if (key != "params") groups_[gi].options[key] = value.get<double>();
+  for (const auto& [i, st] : new_state) {
+    StateSpec spec = state_spec(new_options[group_of[i]]);
+    for (const std::string& buf : spec.required)
+      if (!st.bufs.count(buf))
+        fail("parameter " + std::to_string(i) + " has a step count (" + std::to_string(st.step) +
+             ") but no tensor 'state." + std::to_string(i) + "." + buf + "'; its state would be incomplete");
+  }
+  // ---- apply ----
+  for (size_t gi = 0; gi < groups_.size(); ++gi) groups_[gi].options = std::move(new_options[gi]);
   state_ = std::move(new_state);
 }
 
@@ -143,16 +268,14 @@ std::map<std::string, double> adam_defaults(const AdamOptions& o) {
 SGD::SGD(std::vector<Tensor> params, SGDOptions options) : SGD(one_group(std::move(params)), options) {}
 
 SGD::SGD(std::vector<ParamGroup> groups, SGDOptions defaults)
-    : Optimizer("SGD", std::move(groups), sgd_defaults(defaults)) {
-  for (const auto& g : groups_) {
-    RT_CHECK(g.options.at("lr") >= 0, "SGD: lr must be >= 0, got ", g.options.at("lr"));
-    RT_CHECK(g.options.at("nesterov") == 0 ||
-                 (g.options.at("momentum") > 0 && g.options.at("dampening") == 0),
-             "SGD: Nesterov momentum requires momentum > 0 and dampening = 0");
-  }
+    : Optimizer("SGD", std::move(groups), sgd_defaults(defaults)) {}  // add_param_group checks the options
+
+Optimizer::StateSpec SGD::state_spec(const std::map<std::string, double>&) const {
+  return {{"momentum_buffer"}, {}, false};
 }
 
 void SGD::step() {
+  check_groups("step");  // options edited through param_groups() since
   NoGradGuard no_grad;
   size_t index = 0;
   for (auto& group : groups_) {
@@ -192,18 +315,17 @@ void SGD::step() {
 Adam::Adam(std::vector<Tensor> params, AdamOptions options) : Adam(one_group(std::move(params)), options) {}
 Adam::Adam(std::vector<ParamGroup> groups, AdamOptions defaults) : Adam("Adam", std::move(groups), defaults) {}
 Adam::Adam(std::string type_name, std::vector<ParamGroup> groups, AdamOptions defaults)
-    : Optimizer(std::move(type_name), std::move(groups), adam_defaults(defaults)) {
-  for (const auto& g : groups_) {
-    double b1 = g.options.at("beta1"), b2 = g.options.at("beta2");
-    RT_CHECK(b1 >= 0 && b1 < 1 && b2 >= 0 && b2 < 1, type_name_, ": betas must be in [0, 1), got (", b1,
-             ", ", b2, ")");
-    RT_CHECK(g.options.at("eps") >= 0, type_name_, ": eps must be >= 0");
-  }
+    : Optimizer(std::move(type_name), std::move(groups), adam_defaults(defaults)) {}  // options checked
+
+Optimizer::StateSpec Adam::state_spec(const std::map<std::string, double>&) const {
+  // max_exp_avg_sq (amsgrad) is created at the next step when absent.
+  return {{"exp_avg", "exp_avg_sq"}, {"max_exp_avg_sq"}, false};
 }
 
 void Adam::step() { adam_step(/*decoupled_weight_decay=*/false); }
 
 void Adam::adam_step(bool decoupled) {
+  check_groups("step");  // options edited through param_groups() since
   NoGradGuard no_grad;
   size_t index = 0;
   for (auto& group : groups_) {
@@ -241,6 +363,7 @@ void Adam::adam_step(bool decoupled) {
       Tensor second = v;
       if (amsgrad) {
         Tensor& vmax = st.bufs["max_exp_avg_sq"];
+        if (!vmax.defined()) vmax = zeros_like(p);  // amsgrad switched on after the first steps
         vmax.copy_(maximum(vmax, v));
         second = vmax;
       }
@@ -260,6 +383,12 @@ void AdamW::step() { adam_step(/*decoupled_weight_decay=*/true); }
 // ---------------------------------------------------------------- clipping
 
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
+  RT_CHECK(max_norm >= 0, "clip_grad_norm_: max_norm must be >= 0 (a NaN or negative bound would make the "
+           "gradients NaN or flip their sign), got ", max_norm, "; pass infinity to only measure the norm");
+  for (size_t i = 0; i < params.size(); ++i)
+    RT_CHECK(params[i].defined(), "clip_grad_norm_: parameter ", i, " of ", params.size(),
+             " is an undefined Tensor (a default-constructed handle, not a parameter); pass the "
+             "model's parameters (module.parameters())");
   NoGradGuard no_grad;
   double total_sq = 0.0;
   std::vector<Tensor> grads;

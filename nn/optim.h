@@ -42,7 +42,8 @@ struct ParamGroup {
   std::map<std::string, double> options;  // "lr", "momentum", "weight_decay", "betas0", ... (bools 0/1)
 
   double lr() const { return options.at("lr"); }
-  void set_lr(double lr) { options["lr"] = lr; }
+  // Throws (changing nothing) unless lr is finite and >= 0.
+  void set_lr(double lr);
 };
 
 // An optimizer's saved state: named tensors plus JSON-able scalars.
@@ -55,7 +56,10 @@ class Optimizer {
  public:
   // `defaults` are the hyperparameters every group starts from; a group's own
   // options override them. Throws when a parameter does not require grad, appears
-  // twice, or a group is empty.
+  // twice, or a group is empty, and when an option is out of PyTorch's ranges or
+  // not finite: lr, momentum, weight_decay, eps >= 0; beta1, beta2 in [0, 1);
+  // nesterov, amsgrad 0 or 1; Nesterov needs momentum > 0 and dampening = 0.
+  // step() checks the same again (options may be edited through param_groups()).
   Optimizer(std::string type_name, std::vector<ParamGroup> groups,
             std::map<std::string, double> defaults);
   virtual ~Optimizer() = default;
@@ -74,8 +78,12 @@ class Optimizer {
   const std::string& type_name() const { return type_name_; }
 
   OptimizerState state_dict() const;
-  // Restores groups' options and per-parameter state. Throws (changing nothing) when
-  // the type, the number of groups or their sizes, or a state tensor's shape differ.
+  // Restores groups' options and per-parameter state. Checks everything first and
+  // throws (changing nothing, naming the key) when the type, the number of groups or
+  // their sizes differ, an option is unknown, not a number or out of range, a state
+  // key is not a parameter index, a step count is not an integer >= 0, a state
+  // tensor is undefined, mis-shaped or unknown to this optimizer, or a parameter's
+  // state lacks one of its buffers (e.g. a momentum step count without the buffer).
   void load_state_dict(const OptimizerState& state);
 
  protected:
@@ -84,6 +92,17 @@ class Optimizer {
     int64_t step = 0;                     // updates applied to this parameter
     std::map<std::string, Tensor> bufs;   // "momentum_buffer", "exp_avg", "exp_avg_sq", ...
   };
+  // The buffers a parameter's state holds in a group with `options`, checked by
+  // load_state_dict: every required one must be there, no name outside required +
+  // optional is accepted. `any`: no check (the base's default).
+  struct StateSpec {
+    std::vector<std::string> required, optional;
+    bool any = true;
+  };
+  virtual StateSpec state_spec(const std::map<std::string, double>& /*options*/) const { return {}; }
+  // Throws when a group's options are out of range (step() calls it first).
+  void check_groups(const char* op) const;
+
   // State of the parameter at global index `index` (creates it empty).
   ParamState& state_at(size_t index) { return state_[index]; }
   bool has_state(size_t index) const { return state_.count(index) != 0; }
@@ -110,6 +129,9 @@ class SGD : public Optimizer {
   SGD(std::vector<Tensor> params, SGDOptions options);
   SGD(std::vector<ParamGroup> groups, SGDOptions defaults);
   void step() override;
+
+ protected:
+  StateSpec state_spec(const std::map<std::string, double>& options) const override;
 };
 
 struct AdamOptions {
@@ -132,6 +154,7 @@ class Adam : public Optimizer {
  protected:
   Adam(std::string type_name, std::vector<ParamGroup> groups, AdamOptions defaults);
   void adam_step(bool decoupled_weight_decay);
+  StateSpec state_spec(const std::map<std::string, double>& options) const override;
 };
 
 // AdamW's options: Adam's with PyTorch's AdamW default weight_decay = 0.01.
@@ -149,7 +172,9 @@ class AdamW : public Adam {
 
 // Scales all gradients so that their global L2 norm (over every parameter, like
 // torch.nn.utils.clip_grad_norm_) is at most max_norm; returns the norm before
-// clipping. Parameters without a gradient are skipped.
+// clipping. Parameters without a gradient are skipped; an undefined Tensor in
+// `params` and a max_norm that is NaN or negative throw (0 zeroes the gradients,
+// infinity only measures the norm, as in PyTorch).
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
 
 }  // namespace ringtrain::nn

@@ -118,11 +118,20 @@ DataLoader::EpochRun::EpochRun(EpochRun&&) noexcept = default;
 DataLoader::EpochRun& DataLoader::EpochRun::operator=(EpochRun&&) noexcept = default;
 DataLoader::EpochRun::~EpochRun() = default;
 
-int64_t DataLoader::EpochRun::epoch() const { return state_->epoch; }
-int64_t DataLoader::EpochRun::num_batches() const { return state_->num_batches; }
+// A moved-from run has no state: every member but the destructor and assignment
+// throws (rather than dereferencing null), naming the way out.
+DataLoader::EpochRun::State& DataLoader::EpochRun::checked_state(const char* method) const {
+  RT_CHECK(state_ != nullptr, "DataLoader::EpochRun::", method, ": this run was moved from (its batches "
+           "and prefetch thread now belong to the run it was moved into); use that run, or start a new "
+           "epoch with loader.epoch()");
+  return *state_;
+}
+
+int64_t DataLoader::EpochRun::epoch() const { return checked_state("epoch").epoch; }
+int64_t DataLoader::EpochRun::num_batches() const { return checked_state("num_batches").num_batches; }
 
 std::optional<Batch> DataLoader::EpochRun::next() {
-  State& s = *state_;
+  State& s = checked_state("next");
   if (s.failed || s.consumed >= s.num_batches) return std::nullopt;
   if (s.prefetch == 0) {
     // Synchronous: build on this thread; an exception propagates directly.

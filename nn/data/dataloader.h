@@ -80,6 +80,7 @@ class DataLoader {
     EpochRun& operator=(EpochRun&&) noexcept;
     ~EpochRun();  // stops and joins the prefetch thread
 
+    // On a moved-from run, epoch(), num_batches(), next() and begin() throw.
     int64_t epoch() const;
     int64_t num_batches() const;
     // The next batch, or nullopt after the last. Rethrows a prefetch-thread exception.
@@ -112,6 +113,7 @@ class DataLoader {
     friend class DataLoader;
     struct State;
     explicit EpochRun(std::unique_ptr<State> state);
+    State& checked_state(const char* method) const;  // throws on a moved-from run
     std::unique_ptr<State> state_;
   };
 

@@ -352,5 +352,60 @@ TEST(Engine, BadDestinationsAreNamed) {
   expect_error([&] { autograd::set_grad_destination(y, full({2, 2}, 0.0)); }, {"not a leaf"});
 }
 
+TEST(Engine, SetGradChecksDtypeDeviceLayoutAndAliasing) {
+  Tensor x = param({1, 2, 3}, {3});
+  expect_error([&] { autograd::set_grad(x, full({3}, 1.0, DType::kFloat64)); },
+               {"set_grad", "float64", "dtype", "float32"});
+  expect_error([&] { autograd::set_grad(x, full({4}, 1.0)); }, {"set_grad", "shape", "[4]"});
+  expect_error([&] { autograd::set_grad(x, ones({1}).expand({3})); }, {"set_grad", "expanded", "clone()"});
+  expect_error([&] { autograd::set_grad(x, x); }, {"set_grad", "shares memory", "clone()"});
+  expect_error([&] { autograd::set_grad(x, autograd::detach(x)); }, {"set_grad", "shares memory"});
+  EXPECT_FALSE(grad(x).defined());
+  // The leaf's values survive a backward (set_grad(x, x) used to make backward overwrite them).
+  backward(ag::sum(ag::mul(x, 2.0)));
+  EXPECT_EQ(values(x), (std::vector<float>{1, 2, 3}));
+  // A strided but non-overlapping gradient is fine.
+  Tensor y = param({1, 2, 3, 4}, {2, 2});
+  autograd::set_grad(y, full({2, 2}, 0.0).t());
+  backward(ag::sum(y));
+  EXPECT_EQ(values(grad(y).contiguous()), (std::vector<float>{1, 1, 1, 1}));
+}
+
+TEST(Engine, SetGradDestinationRejectsTheLeafsOwnStorage) {
+  Tensor w = param({1, 2, 3, 4}, {2, 2});
+  expect_error([&] { autograd::set_grad_destination(w, w); }, {"set_grad_destination", "shares memory"});
+  expect_error([&] { autograd::set_grad_destination(w, autograd::detach(w)); },
+               {"set_grad_destination", "shares memory"});
+  backward(ag::sum(ag::mul(w, 3.0)));
+  EXPECT_EQ(values(w), (std::vector<float>{1, 2, 3, 4}));
+  EXPECT_EQ(values(grad(w)), (std::vector<float>{3, 3, 3, 3}));
+}
+
+TEST(Engine, RootGradientIsCheckedUpFront) {
+  Tensor x = param({1, 2, 3}, {3});
+  Tensor y = ag::mul(x, 2.0);
+  expect_error([&] { backward(y, full({3}, 1.0, DType::kFloat64)); },
+               {"backward", "float64", "float32[3]", "dtype"});
+  expect_error([&] { backward(y, full({2}, 1.0)); }, {"backward", "[2]", "shape"});
+  EXPECT_FALSE(grad(x).defined());
+  backward(y, full({3}, 1.0));
+  EXPECT_EQ(values(grad(x)), (std::vector<float>{2, 2, 2}));
+}
+
+TEST(Engine, CastToAnIntegerDtypeIsNotDifferentiable) {
+  Tensor x = param({1.5, 2.5}, {2});
+  Tensor i = ag::to(x, DType::kInt64);
+  EXPECT_FALSE(autograd::requires_grad(i));
+  EXPECT_EQ(i.dtype(), DType::kInt64);
+  EXPECT_EQ(i.to_vector<int64_t>(), (std::vector<int64_t>{1, 2}));
+  // Used as a float again, it is a constant: the gradient reaches x only through the float path.
+  Tensor y = ag::sum(ag::add(ag::mul(x, 3.0), ag::to(i, DType::kFloat32)));
+  backward(y);
+  EXPECT_EQ(values(grad(x)), (std::vector<float>{3, 3}));
+  // Casts between floating dtypes stay differentiable.
+  Tensor d = ag::to(x, DType::kFloat64);
+  EXPECT_TRUE(autograd::requires_grad(d));
+}
+
 }  // namespace
 }  // namespace ringtrain

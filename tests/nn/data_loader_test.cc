@@ -146,6 +146,33 @@ TEST(DataLoader, NextAfterTheEndKeepsReturningNullopt) {
   EXPECT_FALSE(run.next().has_value());
 }
 
+TEST(DataLoader, AMovedFromRunThrowsInsteadOfCrashing) {
+  DataLoader loader(counting_dataset(5), {.batch_size = 2});
+  auto run = loader.epoch();
+  auto moved = std::move(run);
+  auto expect_moved_error = [](auto f, const char* method) {
+    try {
+      f();
+      ADD_FAILURE() << method << " on a moved-from run did not throw";
+    } catch (const Error& e) {
+      std::string what = e.what();
+      EXPECT_NE(what.find(method), std::string::npos) << what;
+      EXPECT_NE(what.find("moved from"), std::string::npos) << what;
+      EXPECT_NE(what.find("loader.epoch()"), std::string::npos) << what;
+    }
+  };
+  expect_moved_error([&] { (void)run.next(); }, "next");  // NOLINT(bugprone-use-after-move)
+  expect_moved_error([&] { (void)run.epoch(); }, "epoch");
+  expect_moved_error([&] { (void)run.num_batches(); }, "num_batches");
+  expect_moved_error([&] { for (Batch& b : run) (void)b; }, "next");
+  // The run it was moved into is intact; assigning a new run makes the old one usable again.
+  EXPECT_EQ(moved.num_batches(), 3);
+  EXPECT_TRUE(moved.next().has_value());
+  run = loader.epoch();
+  EXPECT_EQ(run.epoch(), 1);
+  EXPECT_TRUE(run.next().has_value());
+}
+
 // Examples one at a time (the default get_batch path); example `fail_at` throws.
 class FlakyDataset : public Dataset {
  public:

@@ -319,5 +319,62 @@ TEST(Module, OptimizerStepsATiedWeightOnce) {
   EXPECT_LT(max_abs_diff(w, expected), 1e-6);
 }
 
+// ---------------------------------------------------------------- layer misuse
+
+// Expects `f` to throw an Error whose message contains every string in `parts`.
+template <typename F>
+void expect_error(F f, std::vector<std::string> parts) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an exception mentioning " << parts[0];
+  } catch (const Error& e) {
+    for (const auto& part : parts) EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
+TEST(LayerMisuse, BatchNormChecksEpsAndMomentum) {
+  expect_error([] { BatchNorm1d(3, -1e-5); }, {"BatchNorm1d", "eps", ">= 0"});
+  expect_error([] { BatchNorm2d(3, std::nan("")); }, {"BatchNorm2d", "eps", "finite"});
+  expect_error([] { BatchNorm1d(3, 1e-5, 1.5); }, {"BatchNorm1d", "momentum", "[0, 1]"});
+  expect_error([] { BatchNorm2d(3, 1e-5, -0.1); }, {"BatchNorm2d", "momentum", "[0, 1]"});
+  expect_error([] { BatchNorm1d(3, 1e-5, std::nan("")); }, {"BatchNorm1d", "momentum"});
+  BatchNorm1d ok(3, 0.0, 1.0);  // the ends of the ranges are fine
+  EXPECT_EQ(ok.type_name(), "BatchNorm1d");
+}
+
+TEST(LayerMisuse, LayerNormChecksItsShapeAndEps) {
+  expect_error([] { LayerNorm({-3}); }, {"LayerNorm", "normalized_shape", "[-3]", "positive"});
+  expect_error([] { LayerNorm({4, 0}); }, {"LayerNorm", "[4, 0]"});
+  expect_error([] { LayerNorm({4}, -1.0); }, {"LayerNorm", "eps"});
+  LayerNorm ln({4}, 1e-5, /*elementwise_affine=*/false);
+  expect_error([&] { ln.forward(zeros({2, 4}, DType::kInt64)); }, {"LayerNorm", "int64", "floating point"});
+}
+
+TEST(LayerMisuse, Conv2dChecksStridePaddingDilationAtConstruction) {
+  expect_error([] { Conv2d(1, 1, 3, /*stride=*/0); }, {"Conv2d", "stride=0", "stride >= 1"});
+  expect_error([] { Conv2d(1, 1, 3, 1, /*padding=*/-1); }, {"Conv2d", "padding=-1"});
+  expect_error([] { Conv2d(1, 1, 3, 1, 0, true, default_generator(), /*dilation=*/0); }, {"Conv2d", "dilation=0"});
+  expect_error([] { Conv2d(4, 4, 3, 1, 0, true, default_generator(), 1, /*groups=*/3); }, {"Conv2d", "groups=3"});
+}
+
+TEST(LayerMisuse, InputDtypeMismatchNamesTheLayerAndTheFix) {
+  Generator gen(1);
+  BatchNorm1d bn(3);
+  expect_error([&] { bn.forward(randn({4, 3}, gen, DType::kFloat64)); },
+               {"BatchNorm1d", "float64", "float32", "module->to(DType::kFloat64)"});
+  EXPECT_EQ(bn.buffer("num_batches_tracked").item(), 0.0);  // nothing was updated
+  Linear fc(3, 2, true, gen);
+  expect_error([&] { fc.forward(randn({4, 3}, gen, DType::kFloat64)); },
+               {"Linear", "float64", "float32", "module->to(DType::kFloat64)"});
+  expect_error([&] { fc.forward(zeros({4, 3}, DType::kInt64)); }, {"Linear", "int64", "floating point"});
+  Conv2d conv(1, 1, 3, 1, 0, true, gen);
+  expect_error([&] { conv.forward(randn({1, 1, 4, 4}, gen, DType::kFloat64)); }, {"Conv2d", "float64"});
+  // After module->to(dtype) the same input runs.
+  fc.to(DType::kFloat64);
+  EXPECT_EQ(fc.forward(randn({4, 3}, gen, DType::kFloat64)).dtype(), DType::kFloat64);
+  bn.to(DType::kFloat64);
+  EXPECT_EQ(bn.forward(randn({4, 3}, gen, DType::kFloat64)).dtype(), DType::kFloat64);
+}
+
 }  // namespace
 }  // namespace ringtrain::nn

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <numbers>
+#include <string>
 #include <vector>
 
 #include "autograd/autograd.h"
@@ -289,6 +290,246 @@ TEST(LRSchedule, StepCosineWarmup) {
   EXPECT_EQ(warm2.last_epoch(), 7);
   EXPECT_NEAR(opt4.param_groups()[0].lr(), warm.lr_at(7, 0), 1e-15);
   EXPECT_THROW(step.load_state_dict(state), Error);  // a LinearWarmup state into a StepLR
+}
+
+// ---------------------------------------------------------------- misuse: each names the problem
+
+// Expects `f` to throw an Error whose message contains every string in `parts`.
+template <typename F>
+void expect_error(F f, std::vector<std::string> parts) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an exception mentioning " << parts[0];
+  } catch (const Error& e) {
+    for (const auto& part : parts) EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
+TEST(OptimMisuse, ClipGradNormRejectsANegativeOrNaNMaxNormAndKeepsTheGradients) {
+  Tensor a = param64({0, 0});
+  set_grad(a, {3.0, 4.0});
+  expect_error([&] { clip_grad_norm_({a}, -1.0); }, {"clip_grad_norm_", "max_norm", "-1"});
+  expect_error([&] { clip_grad_norm_({a}, std::nan("")); }, {"clip_grad_norm_", "max_norm"});
+  expect_near(autograd::grad(a), {3.0, 4.0}, 0, "untouched");
+  // max_norm = 0 zeroes them (PyTorch's behaviour); infinity only measures.
+  EXPECT_DOUBLE_EQ(clip_grad_norm_({a}, INFINITY), 5.0);
+  expect_near(autograd::grad(a), {3.0, 4.0}, 0, "infinity clips nothing");
+  EXPECT_DOUBLE_EQ(clip_grad_norm_({a}, 0.0), 5.0);
+  expect_near(autograd::grad(a), {0.0, 0.0}, 0, "zeroed");
+}
+
+TEST(OptimMisuse, ClipGradNormRejectsAnUndefinedParameterButSkipsMissingGrads) {
+  Tensor a = param64({0, 0}), no_grad = param64({1});
+  set_grad(a, {3.0, 4.0});
+  expect_error([&] { clip_grad_norm_({a, Tensor()}, 1.0); }, {"clip_grad_norm_", "parameter 1", "undefined"});
+  expect_near(autograd::grad(a), {3.0, 4.0}, 0, "untouched");
+  EXPECT_DOUBLE_EQ(clip_grad_norm_({a, no_grad}, 10.0), 5.0);  // a parameter without .grad is skipped
+}
+
+TEST(OptimMisuse, HyperparametersAreCheckedLikePyTorch) {
+  auto p = [] { return std::vector<Tensor>{param64({1.0})}; };
+  expect_error([&] { Adam(p(), {.lr = std::nan("")}); }, {"Adam", "lr", "finite"});
+  expect_error([&] { Adam(p(), {.lr = -1}); }, {"Adam", "lr", ">= 0"});
+  expect_error([&] { Adam(p(), {.beta1 = 1.0}); }, {"Adam", "beta1", "[0, 1)"});
+  expect_error([&] { Adam(p(), {.eps = -1e-8}); }, {"Adam", "eps"});
+  expect_error([&] { Adam(p(), {.weight_decay = -0.1}); }, {"Adam", "weight_decay"});
+  AdamWOptions nan_beta2;
+  nan_beta2.beta2 = std::nan("");
+  expect_error([&] { AdamW(p(), nan_beta2); }, {"AdamW", "beta2"});
+  expect_error([&] { SGD(p(), {.lr = INFINITY}); }, {"SGD", "lr", "finite"});
+  expect_error([&] { SGD(p(), {.lr = 0.1, .momentum = -0.9}); }, {"SGD", "momentum", ">= 0"});
+  expect_error([&] { SGD(p(), {.lr = 0.1, .weight_decay = -1e-4}); }, {"SGD", "weight_decay", ">= 0"});
+  expect_error([&] { SGD(p(), {.lr = 0.1, .nesterov = true}); }, {"SGD", "Nesterov", "momentum > 0"});
+  // A group's own options, added later, too.
+  SGD opt(p(), {.lr = 0.1});
+  ParamGroup bad{{param64({1.0})}, {{"lr", -0.5}}};
+  expect_error([&] { opt.add_param_group(bad); }, {"SGD", "lr", "-0.5"});
+  EXPECT_EQ(opt.param_groups().size(), 1u);
+}
+
+TEST(OptimMisuse, SetLrRejectsNaNAndStepRejectsOptionsEditedOutOfRange) {
+  Tensor a = param64({1.0});
+  SGD opt({a}, {.lr = 0.1});
+  expect_error([&] { opt.param_groups()[0].set_lr(std::nan("")); }, {"set_lr", "lr", "finite"});
+  expect_error([&] { opt.param_groups()[0].set_lr(-1); }, {"set_lr", "lr", ">= 0"});
+  EXPECT_EQ(opt.param_groups()[0].lr(), 0.1);
+  // Edited straight through the options map: step() refuses before touching anything.
+  opt.param_groups()[0].options["momentum"] = -1;
+  set_grad(a, {1.0});
+  expect_error([&] { opt.step(); }, {"SGD::step", "param group 0", "momentum"});
+  EXPECT_EQ(a.item(), 1.0);
+  Tensor b = param64({1.0});
+  Adam adam({b}, {});
+  adam.param_groups()[0].options["lr"] = std::nan("");
+  set_grad(b, {1.0});
+  expect_error([&] { adam.step(); }, {"Adam::step", "lr"});
+  EXPECT_EQ(b.item(), 1.0);
+}
+
+// A state saved after two momentum steps on two groups.
+OptimizerState two_group_sgd_state() {
+  ParamGroup g0{{param64({1.0, 2.0})}, {}}, g1{{param64({3.0})}, {{"lr", 0.2}}};
+  SGD opt({g0, g1}, {.lr = 0.1, .momentum = 0.9});
+  for (int s = 0; s < 2; ++s) {
+    set_grad(opt.param_groups()[0].params[0], grad_at(s, 2));
+    set_grad(opt.param_groups()[1].params[0], grad_at(s, 1));
+    opt.step();
+  }
+  OptimizerState st = opt.state_dict();
+  for (auto& [name, t] : st.tensors) t = t.clone();
+  return st;
+}
+
+// Loads `state` into a fresh two-group SGD and expects the error; checks nothing changed.
+void expect_load_error(const OptimizerState& state, std::vector<std::string> parts) {
+  ParamGroup g0{{param64({1.0, 2.0})}, {}}, g1{{param64({3.0})}, {{"lr", 0.7}}};
+  SGD opt({g0, g1}, {.lr = 0.5, .momentum = 0.5});
+  parts.push_back("nothing was changed");
+  expect_error([&] { opt.load_state_dict(state); }, parts);
+  EXPECT_EQ(opt.param_groups()[0].lr(), 0.5);
+  EXPECT_EQ(opt.param_groups()[1].lr(), 0.7);
+  EXPECT_EQ(opt.param_groups()[0].options.at("momentum"), 0.5);
+  EXPECT_TRUE(opt.state_dict().tensors.empty());
+}
+
+TEST(OptimMisuse, LoadStateDictChecksEverythingBeforeWritingAnything) {
+  OptimizerState good = two_group_sgd_state();
+  {
+    ParamGroup g0{{param64({1.0, 2.0})}, {}}, g1{{param64({3.0})}, {}};
+    SGD opt({g0, g1}, {.lr = 0.5});
+    opt.load_state_dict(good);  // the valid state loads
+    EXPECT_EQ(opt.param_groups()[1].lr(), 0.2);
+    EXPECT_EQ(opt.state_dict().tensors.size(), 2u);
+  }
+  OptimizerState st = good;
+  st.scalars["param_groups"][0]["lr"] = -0.1;
+  expect_load_error(st, {"param_groups[0]", "lr", ">= 0"});
+  st = good;
+  st.scalars["param_groups"][1]["lr"] = "x";  // group 0 is valid: it must not be written either
+  expect_load_error(st, {"param_groups[1].lr", "must be a number", "\"x\""});
+  st = good;
+  st.scalars["param_groups"][0]["momentum"] = std::nan("");
+  expect_load_error(st, {"param_groups[0]", "momentum", "finite"});
+  st = good;
+  st.scalars["param_groups"][0]["momentum"] = nullptr;  // what a NaN becomes in a JSON file
+  expect_load_error(st, {"param_groups[0].momentum", "must be a number", "null"});
+  st = good;
+  st.scalars["param_groups"][0]["lrr"] = 0.1;
+  expect_load_error(st, {"param_groups[0]", "\"lrr\""});
+  st = good;
+  st.scalars["state"]["abc"] = {{"step", 1}};
+  expect_load_error(st, {"state key \"abc\"", "parameter index"});
+  st = good;
+  st.scalars["state"]["0"]["step"] = "3";
+  expect_load_error(st, {"state.0.step", "integer"});
+  st = good;
+  st.scalars["state"]["0"]["step"] = -2;
+  expect_load_error(st, {"state.0.step", ">= 0"});
+  st = good;
+  st.scalars["state"]["7"] = {{"step", 1}};
+  expect_load_error(st, {"state for parameter 7"});
+  st = good;
+  st.tensors[0].second = Tensor();
+  expect_load_error(st, {st.tensors[0].first, "undefined"});
+  st = good;
+  st.tensors.pop_back();  // parameter 1 keeps its step count but loses its momentum buffer
+  expect_load_error(st, {"parameter 1", "step count", "state.1.momentum_buffer"});
+  st = good;
+  st.scalars["state"].erase("1");  // a buffer without a step count
+  expect_load_error(st, {"state.1.momentum_buffer", "no entry"});
+  st = good;
+  st.tensors.emplace_back("state.0.exp_avg", zeros({2}, DType::kFloat64));
+  expect_load_error(st, {"state.0.exp_avg", "SGD keeps no buffer named 'exp_avg'"});
+  st = good;
+  st.tensors.emplace_back("state.x1.momentum_buffer", zeros({2}, DType::kFloat64));
+  expect_load_error(st, {"bad tensor name 'state.x1.momentum_buffer'"});
+}
+
+TEST(OptimMisuse, AdamStateMustBeComplete) {
+  Tensor p = param64({1.0, 2.0});
+  Adam a({p}, {});
+  set_grad(p, {0.1, 0.2});
+  a.step();
+  OptimizerState st = a.state_dict();
+  st.tensors.erase(st.tensors.begin());  // exp_avg gone: the bias correction would restart wrong
+  Adam b({param64({1.0, 2.0})}, {});
+  expect_error([&] { b.load_state_dict(st); }, {"Adam::load_state_dict", "state.0.exp_avg", "nothing was changed"});
+  EXPECT_TRUE(b.state_dict().scalars["state"].empty());
+}
+
+TEST(OptimMisuse, AmsgradSwitchedOnLaterStartsItsMaximum) {
+  Tensor p = param64({1.0});
+  Adam a({p}, {.lr = 0.1});
+  set_grad(p, {0.5});
+  a.step();
+  a.param_groups()[0].options["amsgrad"] = 1;
+  set_grad(p, {0.5});
+  a.step();  // used to fail on an undefined max_exp_avg_sq
+  EXPECT_EQ(a.state_dict().tensors.size(), 3u);
+  a.param_groups()[0].options["amsgrad"] = 2;
+  expect_error([&] { a.step(); }, {"amsgrad", "0 or 1"});
+}
+
+TEST(LRScheduleMisuse, ConstructorArgumentsAreChecked) {
+  SGD opt({param64({1.0})}, {.lr = 1.0});
+  expect_error([&] { StepLR(opt, 1, -1.0); }, {"StepLR", "gamma", "> 0"});
+  expect_error([&] { StepLR(opt, 1, std::nan("")); }, {"StepLR", "gamma"});
+  expect_error([&] { StepLR(opt, 1, 0.0); }, {"StepLR", "gamma"});
+  expect_error([&] { CosineAnnealingLR(opt, 10, -5.0); }, {"CosineAnnealingLR", "eta_min", ">= 0"});
+  expect_error([&] { CosineAnnealingLR(opt, 10, INFINITY); }, {"CosineAnnealingLR", "eta_min", "finite"});
+  expect_error([&] { LinearWarmup(opt, 2, 0.5, 3, -1.0); }, {"LinearWarmup", "after_eta_min"});
+  expect_error([&] { LinearWarmup(opt, 2, std::nan("")); }, {"LinearWarmup", "start_factor"});
+  EXPECT_EQ(opt.param_groups()[0].lr(), 1.0);
+}
+
+TEST(LRScheduleMisuse, LrAtChecksTheGroupAndTheEpoch) {
+  SGD opt({param64({1.0})}, {.lr = 1.0});
+  StepLR step(opt, 2, 0.5);
+  CosineAnnealingLR cos(opt, 4);
+  LinearWarmup warm(opt, 2);
+  for (LRScheduler* s : std::vector<LRScheduler*>{&step, &cos, &warm}) {
+    expect_error([&] { s->lr_at(0, 5); }, {"lr_at", "group 5", "1 param group"});
+    expect_error([&] { s->lr_at(-1, 0); }, {"lr_at", "epoch", ">= 0"});
+  }
+}
+
+TEST(LRScheduleMisuse, LoadStateDictChecksTypesAndRangesAndChangesNothing) {
+  SGD opt({param64({1.0})}, {.lr = 1.0});
+  StepLR step(opt, 1, 0.1);
+  step.step();
+  nlohmann::json good = step.state_dict();
+  auto expect_bad = [&](const nlohmann::json& state, std::vector<std::string> parts) {
+    parts.push_back("nothing was changed");
+    expect_error([&] { step.load_state_dict(state); }, parts);
+    EXPECT_EQ(step.last_epoch(), 1);
+    EXPECT_NEAR(opt.param_groups()[0].lr(), 0.1, 1e-15);
+  };
+  nlohmann::json st = good;
+  st["last_epoch"] = -5;  // used to give lr 1000
+  expect_bad(st, {"last_epoch", ">= 0"});
+  st = good;
+  st["last_epoch"] = "3";  // used to throw nlohmann's type_error
+  expect_bad(st, {"last_epoch", "integer"});
+  st = good;
+  st["last_epoch"] = 2.5;
+  expect_bad(st, {"last_epoch", "integer"});
+  st = good;
+  st["base_lrs"] = {"x"};
+  expect_bad(st, {"base_lrs", "[0]", "number"});
+  st = good;
+  st["base_lrs"] = {-1.0};
+  expect_bad(st, {"base_lrs", ">= 0"});
+  st = good;
+  st["base_lrs"] = 1.0;
+  expect_bad(st, {"base_lrs", "array"});
+  st = good;
+  st["type"] = 5;
+  expect_bad(st, {"type", "string"});
+  st = good;
+  st["last_epoch"] = 3;
+  step.load_state_dict(st);  // a valid state loads
+  EXPECT_EQ(step.last_epoch(), 3);
+  EXPECT_NEAR(opt.param_groups()[0].lr(), 1e-3, 1e-15);
 }
 
 }  // namespace
