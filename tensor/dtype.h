@@ -13,7 +13,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <limits>
 #include <string_view>
+#include <type_traits>
 
 namespace ringtrain {
 
@@ -58,6 +60,23 @@ inline Half::Half(float value) : bits(float_to_half_bits(value)) {}
 inline Half::operator float() const { return half_bits_to_float(bits); }
 inline BFloat16::BFloat16(float value) : bits(float_to_bfloat16_bits(value)) {}
 inline BFloat16::operator float() const { return bfloat16_bits_to_float(bits); }
+
+// Float -> integer conversion with a defined result for every input (a plain
+// static_cast is undefined behaviour for NaN, inf and out-of-range values): the
+// value is truncated toward zero, saturated to [min, max] of I, and NaN gives 0.
+// Every float -> int32/int64 conversion in the CPU kernels goes through this
+// (copy/to(), fill/full, masked_fill, integer pow, tensor-scalar ops); it is
+// also what CUDA's cvt.rzi instruction does, so both devices agree.
+template <typename I, typename F>
+constexpr I saturating_float_to_int(F v) {
+  static_assert(std::is_integral_v<I> && std::is_signed_v<I> && std::is_floating_point_v<F>);
+  if (v != v) return I(0);
+  // 2^digits (2^31 or 2^63) is exact in every float type; max() itself may not be.
+  constexpr F kLimit = static_cast<F>(I(1) << (std::numeric_limits<I>::digits - 1)) * F(2);
+  if (v >= kLimit) return std::numeric_limits<I>::max();
+  if (v <= -kLimit) return std::numeric_limits<I>::min();
+  return static_cast<I>(v);
+}
 
 // The C++ type stored for each DType.
 template <DType D> struct DTypeTraits;

@@ -156,9 +156,29 @@ int64_t window_positions(int64_t extent, int64_t window, int64_t stride) {
   return extent < window ? 0 : (extent - window) / stride + 1;
 }
 
-Shape conv_output_shape(const Shape& in, const Shape& w, const Conv2dParams& p) {
-  int64_t ho = window_positions(in[2] + 2 * p.pad_h, p.dilation_h * (w[2] - 1) + 1, p.stride_h);
-  int64_t wo = window_positions(in[3] + 2 * p.pad_w, p.dilation_w * (w[3] - 1) + 1, p.stride_w);
+// a * b + c with int64 overflow checked; `what` names the quantity in the error.
+int64_t checked_mul_add(int64_t a, int64_t b, int64_t c, const char* op, const char* what) {
+  int64_t r = 0;
+  RT_CHECK(!__builtin_mul_overflow(a, b, &r) && !__builtin_add_overflow(r, c, &r), op, ": the ", what,
+           " (", a, " * ", b, " + ", c, ") overflows int64; use smaller sizes, padding or dilation");
+  return r;
+}
+
+// Padded extent (size + 2 * pad) and dilated kernel extent (dilation * (k - 1) + 1), overflow
+// checked; params must already be validated (pad >= 0, dilation >= 1, k >= 0).
+int64_t padded_extent(int64_t size, int64_t pad, const char* op) {
+  return checked_mul_add(pad, 2, size, op, "padded input size");
+}
+int64_t dilated_kernel(int64_t k, int64_t dilation, const char* op) {
+  return checked_mul_add(dilation, k - 1, 1, op, "dilated kernel size");
+}
+
+Shape conv_output_shape(const Shape& in, const Shape& w, const Conv2dParams& p,
+                        const char* op = "conv2d") {
+  int64_t ho = window_positions(padded_extent(in[2], p.pad_h, op), dilated_kernel(w[2], p.dilation_h, op),
+                                p.stride_h);
+  int64_t wo = window_positions(padded_extent(in[3], p.pad_w, op), dilated_kernel(w[3], p.dilation_w, op),
+                                p.stride_w);
   return {in[0], w[0], ho, wo};
 }
 
@@ -172,21 +192,32 @@ void check_conv(const Tensor& input, const Shape& weight_shape, const Conv2dPara
   RT_CHECK(weight_shape[1] * p.groups == input.size(1), op, ": input ", input.describe(), " has ",
            input.size(1), " channels but weight ", shape_str(weight_shape), " with groups=", p.groups,
            " expects ", weight_shape[1] * p.groups);
-  RT_CHECK(p.stride_h > 0 && p.stride_w > 0 && p.dilation_h > 0 && p.dilation_w > 0 && p.pad_h >= 0 &&
-               p.pad_w >= 0, op, ": stride and dilation must be positive and padding non-negative");
-  Shape out = conv_output_shape(input.shape(), weight_shape, p);
+  RT_CHECK(p.stride_h >= 1 && p.stride_w >= 1, op, ": stride must be at least 1, got ", p.stride_h,
+           "x", p.stride_w);
+  RT_CHECK(p.dilation_h >= 1 && p.dilation_w >= 1, op, ": dilation must be at least 1, got ",
+           p.dilation_h, "x", p.dilation_w, " (1 means no dilation)");
+  RT_CHECK(p.pad_h >= 0 && p.pad_w >= 0, op, ": padding must be non-negative, got ", p.pad_h, "x",
+           p.pad_w);
+  RT_CHECK(weight_shape[2] >= 1 && weight_shape[3] >= 1, op, ": kernel size must be at least 1x1, got ",
+           shape_str(weight_shape));
+  Shape out = conv_output_shape(input.shape(), weight_shape, p, op);
   RT_CHECK(out[2] > 0 && out[3] > 0, op, ": kernel ", weight_shape[2], "x", weight_shape[3],
            " (dilated) is larger than the padded input ", input.describe());
 }
 
 Shape pool_output_shape(const Tensor& input, const Pool2dParams& p, const char* op) {
   RT_CHECK(input.dim() == 4, op, ": input must be [N, C, H, W], got ", input.describe());
-  RT_CHECK(p.kernel_h > 0 && p.kernel_w > 0 && p.stride_h > 0 && p.stride_w > 0, op,
-           ": kernel and stride must be positive");
-  RT_CHECK(p.pad_h >= 0 && 2 * p.pad_h <= p.kernel_h && p.pad_w >= 0 && 2 * p.pad_w <= p.kernel_w, op,
-           ": padding must be at most half the kernel size");
-  int64_t ho = window_positions(input.size(2) + 2 * p.pad_h, p.kernel_h, p.stride_h);
-  int64_t wo = window_positions(input.size(3) + 2 * p.pad_w, p.kernel_w, p.stride_w);
+  RT_CHECK(p.kernel_h >= 1 && p.kernel_w >= 1, op, ": kernel size must be at least 1, got ", p.kernel_h,
+           "x", p.kernel_w);
+  RT_CHECK(p.stride_h >= 1 && p.stride_w >= 1, op, ": stride must be at least 1, got ", p.stride_h,
+           "x", p.stride_w);
+  RT_CHECK(p.pad_h >= 0 && p.pad_w >= 0, op, ": padding must be non-negative, got ", p.pad_h, "x",
+           p.pad_w);
+  // pad <= kernel / 2 (PyTorch's rule), written without overflowing 2 * pad.
+  RT_CHECK(p.pad_h <= p.kernel_h / 2 && p.pad_w <= p.kernel_w / 2, op, ": padding ", p.pad_h, "x",
+           p.pad_w, " must be at most half the kernel size ", p.kernel_h, "x", p.kernel_w);
+  int64_t ho = window_positions(padded_extent(input.size(2), p.pad_h, op), p.kernel_h, p.stride_h);
+  int64_t wo = window_positions(padded_extent(input.size(3), p.pad_w, op), p.kernel_w, p.stride_w);
   RT_CHECK(ho > 0 && wo > 0, op, ": window ", p.kernel_h, "x", p.kernel_w, " is larger than ",
            input.describe());
   return {input.size(0), input.size(1), ho, wo};
@@ -215,12 +246,19 @@ Tensor full_like(const Tensor& t, double value) { return full(t.shape(), value, 
 Tensor scalar_tensor(double value, DType dtype, Device device) { return full({}, value, dtype, device); }
 
 Tensor arange(double start, double end, double step, DType dtype, Device device) {
-  RT_CHECK(step != 0, "arange: step must be nonzero");
-  double count = std::ceil((end - start) / step);
-  int64_t n = count > 0 ? static_cast<int64_t>(count) : 0;
-  std::vector<double> values(n);
-  for (int64_t i = 0; i < n; ++i) values[i] = start + static_cast<double>(i) * step;
-  return Tensor::from_vector(values, {n}, Device::cpu()).to(device, dtype);
+  RT_CHECK(std::isfinite(start) && std::isfinite(end) && std::isfinite(step), "arange: start ", start,
+           ", end ", end, " and step ", step, " must all be finite");
+  RT_CHECK(step != 0, "arange: step must be nonzero (start ", start, ", end ", end, ")");
+  const double count = std::ceil((end - start) / step);
+  // 2^53: beyond it doubles skip integers, and no memory holds that many elements anyway.
+  constexpr double kMaxCount = 9007199254740992.0;
+  RT_CHECK(std::isfinite(count) && count <= kMaxCount, "arange: start ", start, ", end ", end,
+           ", step ", step, " give ", count, " elements, too many; use a larger step or a smaller range");
+  const int64_t n = count > 0 ? static_cast<int64_t>(count) : 0;
+  Tensor values = Tensor::empty({n}, DType::kFloat64, Device::cpu());
+  double* v = values.data<double>();
+  for (int64_t i = 0; i < n; ++i) v[i] = start + static_cast<double>(i) * step;
+  return values.to(device, dtype);
 }
 
 // ------------------------------------------------------------------ elementwise
@@ -334,14 +372,20 @@ Tensor& mul_(Tensor& a, const Tensor& b) {
 
 Tensor& mul_(Tensor& a, double b) {
   check_defined(a, "mul_", "destination");
-  if (a.numel() > 0) RT_KERNEL(a, binary_scalar)(BinaryOp::kMul, a, b, a);
+  if (a.numel() > 0) {
+    check_in_place(a, a, "mul_");  // rejects an expanded (stride-0) destination
+    RT_KERNEL(a, binary_scalar)(BinaryOp::kMul, a, b, a);
+  }
   a.bump_version();
   return a;
 }
 
 Tensor& div_(Tensor& a, double b) {
   check_defined(a, "div_", "destination");
-  if (a.numel() > 0) RT_KERNEL(a, binary_scalar)(BinaryOp::kDiv, a, b, a);
+  if (a.numel() > 0) {
+    check_in_place(a, a, "div_");  // rejects an expanded (stride-0) destination
+    RT_KERNEL(a, binary_scalar)(BinaryOp::kDiv, a, b, a);
+  }
   a.bump_version();
   return a;
 }
@@ -518,7 +562,7 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, con
     RT_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "conv2d: bias ", bias.describe(),
              " must be [", weight.size(0), "]");
   }
-  Tensor out = Tensor::empty(conv_output_shape(input.shape(), weight.shape(), p), input.dtype(),
+  Tensor out = Tensor::empty(conv_output_shape(input.shape(), weight.shape(), p, "conv2d"), input.dtype(),
                              input.device());
   if (out.numel() > 0)
     RT_KERNEL(input, conv2d)(input.contiguous(), weight.contiguous(),
@@ -532,7 +576,7 @@ Tensor conv2d_backward_input(const Tensor& grad_out, const Tensor& weight, const
   check_same_dtype(grad_out, weight, "conv2d_backward_input");
   Tensor grad_input = Tensor::empty(input_shape, grad_out.dtype(), grad_out.device());
   check_conv(grad_input, weight.shape(), p, "conv2d_backward_input");
-  RT_CHECK(grad_out.shape() == conv_output_shape(input_shape, weight.shape(), p),
+  RT_CHECK(grad_out.shape() == conv_output_shape(input_shape, weight.shape(), p, "conv2d_backward_input"),
            "conv2d_backward_input: grad_out ", grad_out.describe(), " does not match the output shape");
   if (grad_input.numel() > 0)
     RT_KERNEL(grad_out, conv2d_backward_input)(grad_out.contiguous(), weight.contiguous(), p, grad_input);
@@ -544,7 +588,7 @@ Tensor conv2d_backward_weight(const Tensor& grad_out, const Tensor& input, const
   check_same_device(grad_out, input, "conv2d_backward_weight");
   check_same_dtype(grad_out, input, "conv2d_backward_weight");
   check_conv(input, weight_shape, p, "conv2d_backward_weight");
-  RT_CHECK(grad_out.shape() == conv_output_shape(input.shape(), weight_shape, p),
+  RT_CHECK(grad_out.shape() == conv_output_shape(input.shape(), weight_shape, p, "conv2d_backward_weight"),
            "conv2d_backward_weight: grad_out ", grad_out.describe(), " does not match the output shape");
   Tensor grad_weight = Tensor::empty(weight_shape, grad_out.dtype(), grad_out.device());
   if (grad_weight.numel() > 0) {
@@ -709,6 +753,13 @@ Tensor one_hot(const Tensor& index, int64_t num_classes, DType dtype) {
   check_defined(index, "one_hot", "index");
   check_int64(index, "one_hot", "index");
   RT_CHECK(num_classes > 0, "one_hot: num_classes must be positive, got ", num_classes);
+  if (index.numel() > 0) {
+    const int64_t lo = amin(index).to_vector<int64_t>()[0];
+    const int64_t hi = amax(index).to_vector<int64_t>()[0];
+    RT_CHECK(lo >= 0 && hi < num_classes, "one_hot: index ", index.describe(), " holds values in [", lo,
+             ", ", hi, "] but must lie in [0, ", num_classes - 1, "] for num_classes=", num_classes,
+             "; fix the labels or raise num_classes");
+  }
   Tensor classes = arange(0, static_cast<double>(num_classes), 1, DType::kInt64, index.device());
   return eq(index.unsqueeze(-1), classes).to(dtype);
 }

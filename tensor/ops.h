@@ -18,6 +18,11 @@
 //    op, where the scalar takes the tensor's dtype.
 //  * Comparisons return 1/0 in the operands' dtype; `where` treats nonzero as true.
 //  * Float16/bfloat16 math is computed in float32 and rounded on store.
+//  * Integer add/sub/mul/div/neg/abs wrap around (two's complement, as PyTorch and
+//    numpy): INT_MIN / -1 == INT_MIN. Integer division by zero throws.
+//  * A float value stored into an integer tensor (to(), full/fill_, masked_fill,
+//    a tensor-scalar op's scalar, integer pow) is truncated toward zero and
+//    saturated to the dtype's range; NaN becomes 0 (saturating_float_to_int, dtype.h).
 #pragma once
 
 #include <cstdint>
@@ -37,7 +42,8 @@ Tensor full(const Shape& shape, double value, DType dtype = DType::kFloat32,
 Tensor zeros_like(const Tensor& t);
 Tensor ones_like(const Tensor& t);
 Tensor full_like(const Tensor& t, double value);
-// [start, end) with `step`; the dtype decides integer or float values.
+// [start, end) with `step`; the dtype decides integer or float values. The bounds and
+// step must be finite, step nonzero, and the count at most 2^53.
 Tensor arange(double start, double end, double step = 1.0, DType dtype = DType::kInt64,
               Device device = Device::cpu());
 Tensor scalar_tensor(double value, DType dtype = DType::kFloat32, Device device = Device::cpu());
@@ -135,7 +141,8 @@ bool all_finite(const Tensor& a);   // no inf/NaN anywhere (one pass, one host s
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);  // broadcasting
 Tensor masked_fill(const Tensor& a, const Tensor& mask, double value);
 
-// In-place: a op= b, b broadcast to a's shape (a's shape never changes).
+// In-place: a op= b, b broadcast to a's shape (a's shape never changes). The
+// destination may not be an expanded (stride-0) view (fill_ alone allows one).
 Tensor& add_(Tensor& a, const Tensor& b, double alpha = 1.0);  // a += alpha * b
 Tensor& mul_(Tensor& a, const Tensor& b);
 Tensor& mul_(Tensor& a, double b);
@@ -153,7 +160,10 @@ Tensor operator/(const Tensor& a, double b);
 
 // ---------------------------------------------------------------- reductions
 // `dims` empty means all dims. Sums of integers accumulate in int64, floats in
-// at least float32 (float64 stays float64); the output keeps the input dtype.
+// at least float32 (float64 stays float64); the output keeps the input dtype
+// (unlike PyTorch, whose integer sums return int64): an int32 sum that leaves the
+// int32 range is cast back with two's-complement wrap-around, and an int64 sum
+// wraps the same way. Convert with .to(DType::kInt64) first to get the full sum.
 Tensor sum(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor mean(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor amax(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
@@ -219,6 +229,7 @@ Tensor gather(const Tensor& a, int64_t dim, const Tensor& index);
 Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index);
 // a.select(dim, index[i]) += src.select(dim, i): the embedding gradient.
 Tensor& index_add_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
+// Every index must lie in [0, num_classes) (checked: reads the min/max back to the host).
 Tensor one_hot(const Tensor& index, int64_t num_classes, DType dtype = DType::kFloat32);
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);

@@ -6,11 +6,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <nlohmann/json.hpp>
+#include <limits>
 #include <set>
 
 #include "tensor/checks.h"
@@ -150,12 +152,25 @@ SafetensorsFile load_safetensors(const std::string& path) {
     throw fail("header length " + std::to_string(header_size) + " exceeds the file size " +
                std::to_string(bytes.size()) + " (truncated or corrupt)");
   nlohmann::ordered_json header;
+  // The JSON parser keeps only the last value of a repeated key, which would leave the
+  // other one's bytes as an unexplained gap: name the duplicate instead.
+  std::set<std::string> top_level_keys;
+  std::string duplicate_key;
+  auto on_event = [&](int depth, nlohmann::ordered_json::parse_event_t event,
+                      nlohmann::ordered_json& parsed) {
+    if (event == nlohmann::ordered_json::parse_event_t::key && depth == 1 && parsed.is_string() &&
+        !top_level_keys.insert(parsed.get<std::string>()).second && duplicate_key.empty())
+      duplicate_key = parsed.get<std::string>();
+    return true;
+  };
   try {
-    header = nlohmann::ordered_json::parse(bytes.begin() + 8, bytes.begin() + 8 + header_size);
+    header = nlohmann::ordered_json::parse(bytes.begin() + 8, bytes.begin() + 8 + header_size, on_event);
   } catch (const nlohmann::json::exception& e) {
     throw fail(std::string("header is not valid JSON: ") + e.what());
   }
   if (!header.is_object()) throw fail("header is not a JSON object");
+  if (!duplicate_key.empty())
+    throw fail("the header names '" + duplicate_key + "' more than once (duplicate tensor name)");
   const uint64_t data_size = bytes.size() - 8 - header_size;
   const char* data = bytes.data() + 8 + header_size;
 
@@ -174,10 +189,33 @@ SafetensorsFile load_safetensors(const std::string& path) {
     }
     try {
       DType dtype = dtype_from_safetensors_code(entry.at("dtype").get<std::string>());
-      Shape shape = entry.at("shape").get<Shape>();
-      auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
-      for (int64_t s : shape)
-        if (s < 0) throw fail("tensor '" + name + "' has a negative dim");
+      // Dims and offsets are read one by one: nlohmann's get<> would truncate 4.5 to 4, make a
+      // negative offset huge, and cast 1e30 or 2^64-1 to int64 (undefined / negative).
+      auto integers = [&](const char* field, bool is_shape) {
+        const auto& array = entry.at(field);
+        if (!array.is_array()) throw fail("tensor '" + name + "' " + field + " is not a JSON array");
+        std::vector<uint64_t> values;
+        for (const auto& v : array) {
+          const std::string what = "tensor '" + name + "' " + field + " entry " + v.dump();
+          if (v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() < 0)
+            throw fail(what + (is_shape ? " is a negative dim" : " is negative"));
+          if (v.is_number_float()) {
+            const double f = v.get<double>();
+            const bool whole = std::isfinite(f) && f == std::floor(f);
+            throw fail(what + (whole ? " is too large (or is written as a float; use a JSON integer)"
+                                     : " is not an integer"));
+          }
+          if (!v.is_number_integer()) throw fail(what + " is not an integer");
+          const uint64_t u = v.get<uint64_t>();
+          if (is_shape && u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+            throw fail(what + " is too large for a dim (more than 2^63 - 1)");
+          values.push_back(u);
+        }
+        return values;
+      };
+      Shape shape;
+      for (uint64_t u : integers("shape", true)) shape.push_back(static_cast<int64_t>(u));
+      std::vector<uint64_t> offsets = integers("data_offsets", false);
       if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] > data_size)
         throw fail("tensor '" + name + "' has data_offsets outside the " + std::to_string(data_size) +
                    "-byte data section (truncated?)");

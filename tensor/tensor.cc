@@ -47,7 +47,11 @@ Shape contiguous_strides(const Shape& shape) {
   int64_t stride = 1;
   for (int64_t i = static_cast<int64_t>(shape.size()) - 1; i >= 0; --i) {
     strides[i] = stride;
-    stride *= std::max<int64_t>(shape[i], 1);
+    // Overflow is only possible for a 0-element shape such as [0, 2^62, 4] (a shape with
+    // elements has an int64 numel, which bounds every partial product). No element is ever
+    // addressed through such strides, so they saturate instead of wrapping (signed overflow).
+    if (__builtin_mul_overflow(stride, std::max<int64_t>(shape[i], 1), &stride))
+      stride = std::numeric_limits<int64_t>::max();
   }
   return strides;
 }
@@ -122,7 +126,8 @@ bool Tensor::is_contiguous() const {
   for (int64_t i = dim() - 1; i >= 0; --i) {
     if (shape()[i] == 1) continue;  // size-1 dims may have any stride
     if (strides()[i] != expected) return false;
-    expected *= shape()[i];
+    if (__builtin_mul_overflow(expected, shape()[i], &expected))  // only 0-element shapes
+      expected = std::numeric_limits<int64_t>::max();
   }
   return true;
 }
@@ -242,8 +247,10 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   d = wrap_dim(d, dim(), "Tensor::narrow");
   int64_t n = shape()[d];
   if (start < 0) start += n;
-  RT_CHECK(start >= 0 && length >= 0 && start + length <= n, "Tensor::narrow: range [", start, ", ",
-           start + length, ") is out of bounds for dim ", d, " of ", describe());
+  // `length <= n - start` rather than `start + length <= n`, which overflows for huge values.
+  RT_CHECK(start >= 0 && start <= n && length >= 0 && length <= n - start, "Tensor::narrow: start ",
+           start, " and length ", length, " are out of bounds for dim ", d, " of ", describe(),
+           " (need 0 <= start <= ", n, " and start + length <= ", n, ")");
   Shape shape = this->shape();
   shape[d] = length;
   return make_view(shape, strides(), offset() + start * strides()[d]);
@@ -259,8 +266,12 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
   end = std::clamp<int64_t>(end, start, n);
   Shape shape = this->shape();
   Shape strides = this->strides();
-  shape[d] = (end - start + step - 1) / step;
-  strides[d] *= step;
+  const int64_t span = end - start;
+  shape[d] = span / step + (span % step != 0);  // ceil without overflowing span + step - 1
+  // A dim of size <= 1 never steps, so its stride need not (and may not) be multiplied.
+  if (shape[d] > 1)
+    RT_CHECK(!__builtin_mul_overflow(strides[d], step, &strides[d]), "Tensor::slice: step ", step,
+             " times stride ", this->strides()[d], " overflows int64 for ", describe());
   return make_view(shape, strides, offset() + start * this->strides()[d]);
 }
 
@@ -323,10 +334,20 @@ Tensor Tensor::squeeze(int64_t d) const {
   return make_view(shape, strides, offset());
 }
 
-Tensor Tensor::expand(const Shape& target) const {
-  RT_CHECK(static_cast<int64_t>(target.size()) >= dim(), "Tensor::expand: cannot expand ", describe(),
-           " to fewer dims ", shape_str(target));
-  size_t lead = target.size() - shape().size();
+Tensor Tensor::expand(const Shape& requested) const {
+  RT_CHECK(static_cast<int64_t>(requested.size()) >= dim(), "Tensor::expand: cannot expand ",
+           describe(), " to fewer dims ", shape_str(requested));
+  size_t lead = requested.size() - shape().size();
+  // As PyTorch: -1 keeps an existing dim's size; new leading dims need an explicit size >= 0.
+  Shape target = requested;
+  for (size_t i = 0; i < target.size(); ++i) {
+    if (target[i] == -1 && i >= lead) target[i] = shape()[i - lead];
+    RT_CHECK(target[i] >= 0, "Tensor::expand: invalid size ", requested[i], " at dim ", i, " of ",
+             shape_str(requested), " for ", describe(),
+             i < lead ? " (a new leading dim needs a size >= 0; -1 only keeps an existing dim)"
+                      : " (sizes must be >= 0, or -1 to keep the dim)");
+  }
+  shape_numel(target);  // throws when the element count does not fit in int64
   Shape strides(target.size(), 0);
   for (size_t i = 0; i < target.size(); ++i) {
     if (i < lead) continue;  // new leading dims broadcast with stride 0
@@ -346,7 +367,8 @@ std::vector<Tensor> Tensor::split_with_sizes(const std::vector<int64_t>& sizes, 
   int64_t total = 0;
   for (int64_t s : sizes) {
     RT_CHECK(s >= 0, "Tensor::split: negative split size ", s);
-    total += s;
+    RT_CHECK(!__builtin_add_overflow(total, s, &total), "Tensor::split: sizes ", shape_str(sizes),
+             " sum to more than an int64 holds, but dim ", d, " of ", describe(), " has ", shape()[d]);
   }
   RT_CHECK(total == shape()[d], "Tensor::split: sizes ", shape_str(sizes), " sum to ", total,
            " but dim ", d, " of ", describe(), " has ", shape()[d]);
@@ -363,8 +385,9 @@ std::vector<Tensor> Tensor::split(int64_t split_size, int64_t d) const {
   d = wrap_dim(d, dim(), "Tensor::split");
   RT_CHECK(split_size > 0, "Tensor::split: split_size must be positive, got ", split_size);
   std::vector<int64_t> sizes;
-  for (int64_t start = 0; start < shape()[d]; start += split_size)
-    sizes.push_back(std::min(split_size, shape()[d] - start));
+  const int64_t n = shape()[d];
+  for (int64_t start = 0; start < n; start += std::min(split_size, n - start))  // never overflows
+    sizes.push_back(std::min(split_size, n - start));
   if (sizes.empty()) sizes.push_back(0);
   return split_with_sizes(sizes, d);
 }
@@ -373,11 +396,17 @@ std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t d) const {
   RT_CHECK(chunks > 0, "Tensor::chunk: chunks must be positive, got ", chunks);
   d = wrap_dim(d, dim(), "Tensor::chunk");
   int64_t n = shape()[d];
-  int64_t size = std::max<int64_t>((n + chunks - 1) / chunks, 1);  // as torch.chunk
+  int64_t size = std::max<int64_t>(n / chunks + (n % chunks != 0), 1);  // ceil, as torch.chunk
   return split(size, d);
 }
 
 // ------------------------------------------------------------------ copies
+
+Tensor Tensor::t() const {
+  RT_CHECK(dim() <= 2, "Tensor::t: expects a tensor with at most 2 dims, got ", describe(),
+           "; use transpose(dim0, dim1) to swap two dims of a larger tensor");
+  return dim() < 2 ? *this : transpose(0, 1);
+}
 
 Tensor& Tensor::copy_(const Tensor& src) {
   RT_CHECK(defined() && src.defined(), "Tensor::copy_: undefined tensor");

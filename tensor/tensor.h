@@ -100,11 +100,15 @@ class Tensor {
   Tensor slice(int64_t dim, int64_t start, int64_t end, int64_t step = 1) const;
   Tensor select(int64_t dim, int64_t index) const;  // removes `dim`
   Tensor transpose(int64_t dim0, int64_t dim1) const;
-  Tensor t() const { return transpose(0, 1); }  // 2-D only
+  // Transpose of a 2-D tensor; 0-D and 1-D tensors are returned as is (as PyTorch);
+  // more dims throw (use transpose(dim0, dim1)).
+  Tensor t() const;
   Tensor permute(const std::vector<int64_t>& dims) const;
   Tensor unsqueeze(int64_t dim) const;
   Tensor squeeze(int64_t dim) const;
-  Tensor expand(const Shape& shape) const;  // broadcast view, stride 0 on expanded dims
+  // Broadcast view, stride 0 on expanded dims. -1 keeps an existing dim's size (not
+  // allowed for new leading dims); any other negative size throws.
+  Tensor expand(const Shape& shape) const;
   std::vector<Tensor> chunk(int64_t chunks, int64_t dim = 0) const;
   std::vector<Tensor> split(int64_t split_size, int64_t dim = 0) const;
   std::vector<Tensor> split_with_sizes(const std::vector<int64_t>& sizes, int64_t dim = 0) const;

@@ -126,14 +126,22 @@ void unary_contiguous(UnaryOp op, const C* x, C* y, int64_t n) {
   }
 }
 
+// Two's-complement negation without signed overflow: -INT_MIN wraps to INT_MIN (as in
+// PyTorch and numpy) instead of being undefined behaviour.
+template <typename T>
+inline T wrapping_neg(T v) {
+  using U = std::make_unsigned_t<T>;
+  return static_cast<T>(U(0) - static_cast<U>(v));
+}
+
 template <typename T>
 void unary_integer(UnaryOp op, const T* x, int64_t xs, T* y, int64_t n) {
   switch (op) {
     case UnaryOp::kNeg:
-      for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(-x[i * xs]);
+      for (int64_t i = 0; i < n; ++i) y[i] = wrapping_neg(x[i * xs]);
       break;
     case UnaryOp::kAbs:
-      for (int64_t i = 0; i < n; ++i) y[i] = x[i * xs] < 0 ? static_cast<T>(-x[i * xs]) : x[i * xs];
+      for (int64_t i = 0; i < n; ++i) y[i] = x[i * xs] < 0 ? wrapping_neg(x[i * xs]) : x[i * xs];
       break;
     case UnaryOp::kRelu:
       for (int64_t i = 0; i < n; ++i) y[i] = x[i * xs] < 0 ? T(0) : x[i * xs];
@@ -183,15 +191,31 @@ void unary_typed(UnaryOp op, const Tensor& in, const Tensor& out) {
 
 // ---------------------------------------------------------------- binary
 
+// Integer add/sub/mul/div wrap around (two's complement) as in PyTorch and numpy, computed
+// without signed overflow (undefined behaviour; INT_MIN / -1 even traps with SIGFPE on x86).
 template <BinaryOp OP, typename C>
 inline C binop(C a, C b) {
-  if constexpr (OP == BinaryOp::kAdd) return a + b;
+  if constexpr (std::is_integral_v<C> &&
+                (OP == BinaryOp::kAdd || OP == BinaryOp::kSub || OP == BinaryOp::kMul)) {
+    using U = std::make_unsigned_t<C>;
+    const U ua = static_cast<U>(a), ub = static_cast<U>(b);
+    if constexpr (OP == BinaryOp::kAdd) return static_cast<C>(ua + ub);
+    else if constexpr (OP == BinaryOp::kSub) return static_cast<C>(ua - ub);
+    else return static_cast<C>(ua * ub);
+  }
+  else if constexpr (OP == BinaryOp::kAdd) return a + b;
   else if constexpr (OP == BinaryOp::kSub) return a - b;
   else if constexpr (OP == BinaryOp::kMul) return a * b;
-  else if constexpr (OP == BinaryOp::kDiv) return a / b;  // integer zero divisors checked by caller
+  else if constexpr (OP == BinaryOp::kDiv) {
+    // Integer zero divisors are checked by the caller; x / -1 is negation (INT_MIN / -1 wraps
+    // to INT_MIN).
+    if constexpr (std::is_integral_v<C>) return b == C(-1) ? wrapping_neg(a) : a / b;
+    else return a / b;
+  }
   else if constexpr (OP == BinaryOp::kPow) {
     if constexpr (std::is_integral_v<C>) {
-      return static_cast<C>(std::pow(static_cast<double>(a), static_cast<double>(b)));
+      // Saturates at the dtype's range (see saturating_float_to_int in dtype.h).
+      return detail::store<C>(std::pow(static_cast<double>(a), static_cast<double>(b)));
     } else {
       return std::pow(a, b);
     }
@@ -279,7 +303,11 @@ template <BinaryOp OP, typename T>
 void binary_scalar_typed(const Tensor& a, double scalar, const Tensor& out) {
   StridedLoop<2> loop(out.shape(), {&out.strides(), &a.strides()}, {isz<T>(), isz<T>()});
   // The scalar takes the tensor's dtype; f16/bf16 compute in f32, so it stays an f32.
-  const Compute<T> sv = static_cast<Compute<T>>(scalar);
+  // Integer dtypes: saturating, NaN -> 0 (detail::store), never an undefined cast.
+  const Compute<T> sv = [scalar] {
+    if constexpr (detail::kIsFloat<T>) return static_cast<Compute<T>>(scalar);
+    else return detail::store<T>(scalar);
+  }();
   loop.run({byte_ptr(out), byte_ptr(a)},
            [sv](std::array<char*, 2> p, const std::array<int64_t, 2>& s, int64_t n) {
              T* y = reinterpret_cast<T*>(p[0]);
@@ -343,8 +371,8 @@ void binary_scalar(BinaryOp op, const Tensor& a, double scalar, const Tensor& ou
   check_out(binary_op_name(op), a, out);
   if (out.numel() == 0) return;
   if (op == BinaryOp::kDiv && !is_floating_point(a.dtype())) {
-    RT_CHECK(static_cast<int64_t>(scalar) != 0, "div (cpu kernel): integer division of ",
-             a.describe(), " by zero");
+    RT_CHECK(detail::store<int64_t>(scalar) != 0, "div (cpu kernel): integer division of ",
+             a.describe(), " by zero (the scalar ", scalar, " converts to 0)");
   }
   dispatch_dtype(out.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -358,7 +386,7 @@ void axpy(double alpha, const Tensor& x, const Tensor& y) {
   dispatch_dtype(y.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using C = std::conditional_t<detail::kIsFloat<T>, Compute<T>, double>;
-    const C a = static_cast<C>(alpha);
+    const C a = static_cast<C>(alpha);  // C is a float type: no undefined cast
     StridedLoop<2> loop(y.shape(), {&y.strides(), &x.strides()}, {isz<T>(), isz<T>()});
     loop.run({byte_ptr(y), byte_ptr(x)}, [a](std::array<char*, 2> p, const std::array<int64_t, 2>& s, int64_t n) {
       T* yp = reinterpret_cast<T*>(p[0]);
@@ -372,7 +400,7 @@ void axpy(double alpha, const Tensor& x, const Tensor& y) {
         for (int64_t i = 0; i < n; ++i) yp[i * ys] += a * xp[i * xs];
       } else {  // 16-bit floats through float, integers through double
         for (int64_t i = 0; i < n; ++i)
-          yp[i * ys] = static_cast<T>(static_cast<C>(yp[i * ys]) + a * static_cast<C>(xp[i * xs]));
+          yp[i * ys] = detail::store<T>(static_cast<C>(yp[i * ys]) + a * static_cast<C>(xp[i * xs]));
       }
     });
   });

@@ -91,10 +91,14 @@ inline Compute<T> load(T v) {
   else return v;
 }
 // Any arithmetic value -> storage type (through float for the 16-bit floats).
+// Float -> integer saturates and maps NaN to 0 (saturating_float_to_int, dtype.h);
+// integer -> narrower integer wraps (two's complement, defined in C++20).
 template <typename T, typename V>
 inline T store(V v) {
   if constexpr (std::is_same_v<T, Half>) return float_to_half(static_cast<float>(v));
   else if constexpr (std::is_same_v<T, BFloat16>) return float_to_bf16(static_cast<float>(v));
+  else if constexpr (std::is_integral_v<T> && std::is_floating_point_v<V>)
+    return saturating_float_to_int<T>(v);
   else return static_cast<T>(v);
 }
 // Any storage type -> any storage type.

@@ -105,7 +105,11 @@ __device__ __forceinline__ A apply_binary(A a, A b) {
   else if constexpr (kOp == BinaryOp::kSub) return a - b;
   else if constexpr (kOp == BinaryOp::kMul) return a * b;
   else if constexpr (kOp == BinaryOp::kDiv) {
-    if constexpr (std::is_integral_v<A>) return b == 0 ? A(0) : a / b;
+    // INT_MIN / -1 wraps to INT_MIN as on the CPU (negation through unsigned: no overflow).
+    if constexpr (std::is_integral_v<A>)
+      return b == 0 ? A(0)
+                    : b == A(-1) ? static_cast<A>(std::make_unsigned_t<A>(0) - static_cast<std::make_unsigned_t<A>>(a))
+                                 : a / b;
     else return a / b;
   } else if constexpr (kOp == BinaryOp::kPow) {
     if constexpr (std::is_integral_v<A>)

@@ -1,5 +1,8 @@
 // errors_test.cc: bad input throws an exception whose message names the op and
 // the shapes / dtypes / devices involved: never a crash, never a silent broadcast.
+#include <cmath>
+#include <functional>
+#include <limits>
 #include <string>
 
 #include "tests/tensor/reference.h"
@@ -99,6 +102,182 @@ TEST(Errors, IntegerOpsThatNeedFloats) {
   EXPECT_TRUE(throws_with([&] { conv2d(zeros({1, 1, 3, 3}, DType::kInt64), zeros({1, 1, 2, 2}, DType::kInt64),
                                        Tensor(), Conv2dParams{}); },
                           {"conv2d", "int64"}));
+}
+
+
+// ---- API misuse: each of these used to crash, read out of bounds or give a silently wrong result.
+
+constexpr int64_t kMax64 = std::numeric_limits<int64_t>::max();
+
+TEST(Misuse, NarrowWithHugeStartOrLengthThrows) {
+  Tensor t = arange(0, 4, 1, DType::kFloat32);
+  EXPECT_TRUE(throws_with([&] { t.narrow(0, kMax64, 2); }, {"narrow", "out of bounds"}));
+  EXPECT_TRUE(throws_with([&] { t.narrow(0, 2, kMax64); }, {"narrow", "out of bounds"}));
+  EXPECT_TRUE(throws_with([&] { t.narrow(0, 5, 0); }, {"narrow"}));
+  EXPECT_EQ(t.narrow(0, 4, 0).shape(), (Shape{0}));
+  EXPECT_EQ(t.narrow(0, -1, 1).to_vector<float>(), (std::vector<float>{3}));
+  // Same overflow patterns in slice / split / chunk.
+  EXPECT_EQ(t.slice(0, 0, 4, kMax64).to_vector<float>(), (std::vector<float>{0}));
+  EXPECT_EQ(t.slice(0, 1, 4, kMax64 - 1).shape(), (Shape{1}));
+  EXPECT_EQ(t.chunk(kMax64).size(), 4u);
+  EXPECT_EQ(t.split(kMax64).size(), 1u);
+  EXPECT_TRUE(throws_with([&] { t.split_with_sizes({kMax64, 2}); }, {"split"}));
+}
+
+TEST(Misuse, IntegerDivisionOfMinByMinusOneWraps) {
+  const int32_t min32 = std::numeric_limits<int32_t>::min();
+  const int64_t min64 = std::numeric_limits<int64_t>::min();
+  Tensor a32 = Tensor::from_vector<int32_t>({min32, 7, min32}, {3});
+  Tensor b32 = Tensor::from_vector<int32_t>({-1, -2, 1}, {3});
+  EXPECT_EQ(div(a32, b32).to_vector<int32_t>(), (std::vector<int32_t>{min32, -3, min32}));
+  EXPECT_EQ(div(a32, -1.0).to_vector<int32_t>(), (std::vector<int32_t>{min32, -7, min32}));
+  Tensor a64 = Tensor::from_vector<int64_t>({min64, 7}, {2});
+  Tensor b64 = Tensor::from_vector<int64_t>({-1, -1}, {2});
+  EXPECT_EQ(div(a64, b64).to_vector<int64_t>(), (std::vector<int64_t>{min64, -7}));
+  EXPECT_EQ(div(a64, -1.0).to_vector<int64_t>(), (std::vector<int64_t>{min64, -7}));
+  // The other integer ops wrap the same way (two's complement), without signed-overflow UB.
+  EXPECT_EQ(neg(a64).to_vector<int64_t>(), (std::vector<int64_t>{min64, -7}));
+  EXPECT_EQ(abs(a32).to_vector<int32_t>(), (std::vector<int32_t>{min32, 7, min32}));
+  EXPECT_EQ(add(a32, -1.0).to_vector<int32_t>()[0], std::numeric_limits<int32_t>::max());
+  EXPECT_TRUE(throws_with([&] { div(a32, 0.0); }, {"div", "zero"}));
+}
+
+TEST(Misuse, ExpandTakesMinusOneAndRejectsOtherNegativeSizes) {
+  Tensor t = arange(0, 3, 1, DType::kFloat32).reshape({1, 3});
+  EXPECT_EQ(t.expand({-1, 3}).shape(), (Shape{1, 3}));
+  EXPECT_EQ(t.expand({4, -1}).shape(), (Shape{4, 3}));
+  EXPECT_EQ(t.expand({2, -1, -1}).shape(), (Shape{2, 1, 3}));
+  EXPECT_TRUE(throws_with([&] { t.expand({-2, 3}); }, {"expand", "-2"}));
+  EXPECT_TRUE(throws_with([&] { t.expand({-1, 1, 3}); }, {"expand", "new leading dim"}));
+  EXPECT_TRUE(throws_with([&] { t.expand({-5, 1, 3}); }, {"expand", "-5"}));
+}
+
+TEST(Misuse, ConvAndPoolParamsAreValidatedWithoutOverflow) {
+  Tensor x = zeros({1, 1, 4, 4});
+  Tensor w = zeros({1, 1, 3, 3});
+  Conv2dParams p;
+  p.dilation_h = p.dilation_w = kMax64;
+  EXPECT_TRUE(throws_with([&] { conv2d(x, w, Tensor(), p); }, {"conv2d", "dilated kernel size", "overflow"}));
+  p = Conv2dParams{};
+  p.pad_h = kMax64;
+  EXPECT_TRUE(throws_with([&] { conv2d(x, w, Tensor(), p); }, {"conv2d", "padded input size", "overflow"}));
+  p = Conv2dParams{};
+  p.dilation_w = 0;
+  EXPECT_TRUE(throws_with([&] { conv2d(x, w, Tensor(), p); }, {"conv2d", "dilation must be at least 1"}));
+  p = Conv2dParams{};
+  p.stride_h = -1;
+  EXPECT_TRUE(throws_with([&] { conv2d(x, w, Tensor(), p); }, {"conv2d", "stride must be at least 1"}));
+  p = Conv2dParams{};
+  p.pad_w = -1;
+  EXPECT_TRUE(throws_with([&] { conv2d(x, w, Tensor(), p); }, {"conv2d", "padding must be non-negative"}));
+  p = Conv2dParams{};
+  EXPECT_EQ(conv2d(x, w, Tensor(), p).shape(), (Shape{1, 1, 2, 2}));
+
+  Pool2dParams q;
+  q.pad_h = -1;
+  EXPECT_TRUE(throws_with([&] { max_pool2d(x, q); }, {"max_pool2d", "padding must be non-negative"}));
+  q = Pool2dParams{};
+  q.kernel_h = kMax64;
+  q.pad_h = kMax64 / 2;
+  EXPECT_TRUE(throws_with([&] { avg_pool2d(x, q); }, {"avg_pool2d", "overflow"}));
+  q = Pool2dParams{};
+  q.pad_w = 2;
+  EXPECT_TRUE(throws_with([&] { max_pool2d(x, q); }, {"max_pool2d", "at most half the kernel size"}));
+}
+
+TEST(Misuse, InPlaceScalarOpsRejectExpandedDestinations) {
+  Tensor base = ones({1, 1});
+  Tensor e = base.expand({4, 3});
+  EXPECT_TRUE(throws_with([&] { mul_(e, 2.0); }, {"mul_", "stride 0"}));
+  EXPECT_TRUE(throws_with([&] { div_(e, 2.0); }, {"div_", "stride 0"}));
+  EXPECT_EQ(base.item(), 1.0);
+  fill_(e, 5.0);  // every element gets the same value: allowed, as in PyTorch
+  EXPECT_EQ(base.item(), 5.0);
+  Tensor c = ones({2, 2});
+  mul_(c, 3.0);
+  div_(c, 2.0);
+  EXPECT_EQ(c.to_vector<float>(), (std::vector<float>{1.5f, 1.5f, 1.5f, 1.5f}));
+}
+
+TEST(Misuse, OneHotRangeChecksItsIndices) {
+  EXPECT_TRUE(throws_with([&] { one_hot(Tensor::from_vector<int64_t>({0, 3}, {2}), 3); },
+                          {"one_hot", "[0, 3]", "[0, 2]"}));
+  EXPECT_TRUE(throws_with([&] { one_hot(Tensor::from_vector<int64_t>({-1, 1}, {2}), 3); },
+                          {"one_hot", "-1"}));
+  EXPECT_EQ(one_hot(Tensor::from_vector<int64_t>({2, 0}, {2}), 3).to_vector<float>(),
+            (std::vector<float>{0, 0, 1, 1, 0, 0}));
+  EXPECT_EQ(one_hot(Tensor::empty({0}, DType::kInt64), 3).shape(), (Shape{0, 3}));
+}
+
+TEST(Misuse, ArangeWithNonFiniteOrHugeBoundsThrowsRingtrainError) {
+  auto is_error = [](const std::function<void()>& fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return std::string(e.what()).find("arange") != std::string::npos;
+    } catch (...) {
+    }
+    return false;
+  };
+  EXPECT_TRUE(is_error([] { arange(0, INFINITY); }));
+  EXPECT_TRUE(is_error([] { arange(0, 1e30); }));
+  EXPECT_TRUE(is_error([] { arange(0, NAN); }));
+  EXPECT_TRUE(is_error([] { arange(0, 4, NAN); }));
+  EXPECT_TRUE(throws_with([] { arange(0, 1e30); }, {"arange", "1e+30", "step 1"}));
+  EXPECT_EQ(arange(0, 4).to_vector<int64_t>(), (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(arange(3, 0, -1.5, DType::kFloat32).to_vector<float>(), (std::vector<float>{3, 1.5f}));
+}
+
+TEST(Misuse, TransposeShorthandIsTwoDimsOnly) {
+  EXPECT_TRUE(throws_with([] { zeros({2, 3, 4}).t(); }, {"Tensor::t", "[2, 3, 4]", "transpose"}));
+  EXPECT_EQ(zeros({2, 3}).t().shape(), (Shape{3, 2}));
+  EXPECT_EQ(zeros({3}).t().shape(), (Shape{3}));
+  EXPECT_EQ(scalar_tensor(1.0).t().shape(), (Shape{}));
+}
+
+// A 0-element shape may have dims whose strides do not fit in int64 (Errors.ShapesWhoseSize...
+// accepts such tensors): the strides saturate instead of wrapping negative, and the tensor works.
+TEST(Misuse, ReshapeOfAnEmptyTensorGetsNoOverflowedStrides) {
+  Tensor t = zeros({0});
+  for (const Shape& shape : {Shape{0, kMax64, 4}, Shape{0, int64_t{1} << 62, 4, 2}}) {
+    Tensor r = t.reshape(shape);
+    EXPECT_EQ(r.shape(), shape);
+    for (int64_t s : r.strides()) EXPECT_GE(s, 0) << shape_str(r.strides());
+    EXPECT_EQ(r.strides().back(), 1);
+    EXPECT_EQ(r.clone().numel(), 0);
+    EXPECT_EQ(Tensor::empty(shape).strides(), r.strides());
+  }
+}
+
+TEST(Misuse, IntegerSumsAccumulateInInt64AndWrapIntoTheInputDtype) {
+  Tensor a = Tensor::from_vector<int32_t>({2000000000, 2000000000, 2000000000}, {3});
+  Tensor s = sum(a);
+  EXPECT_EQ(s.dtype(), DType::kInt32);
+  // 6e9 in int64, then cast to int32 with two's-complement wrap-around (documented in ops.h).
+  EXPECT_EQ(s.to_vector<int32_t>()[0], static_cast<int32_t>(int64_t{6000000000}));
+  Tensor b = Tensor::from_vector<int64_t>({kMax64, 1}, {2});
+  EXPECT_EQ(sum(b).to_vector<int64_t>()[0], std::numeric_limits<int64_t>::min());
+}
+
+TEST(Misuse, FloatToIntegerConversionsSaturateAndMapNaNToZero) {
+  const int64_t min64 = std::numeric_limits<int64_t>::min();
+  const int32_t max32 = std::numeric_limits<int32_t>::max(), min32 = std::numeric_limits<int32_t>::min();
+  EXPECT_EQ(full({1}, NAN, DType::kInt64).to_vector<int64_t>()[0], 0);
+  EXPECT_EQ(full({1}, INFINITY, DType::kInt64).to_vector<int64_t>()[0], kMax64);
+  EXPECT_EQ(full({1}, -INFINITY, DType::kInt64).to_vector<int64_t>()[0], min64);
+  Tensor f = Tensor::from_vector<float>({1e10f, -1e10f, NAN, 2.7f, -2.7f, INFINITY}, {6});
+  EXPECT_EQ(f.to(DType::kInt32).to_vector<int32_t>(),
+            (std::vector<int32_t>{max32, min32, 0, 2, -2, max32}));
+  EXPECT_EQ(f.to(DType::kFloat16).to(DType::kInt64).to_vector<int64_t>()[5], kMax64);
+  Tensor ints = Tensor::from_vector<int64_t>({1, 2}, {2});
+  Tensor mask = Tensor::from_vector<int64_t>({1, 0}, {2});
+  EXPECT_EQ(masked_fill(ints, mask, NAN).to_vector<int64_t>(), (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(pow(Tensor::from_vector<int32_t>({2, -2, 3}, {3}), 40.0).to_vector<int32_t>(),
+            (std::vector<int32_t>{max32, max32, max32}));
+  EXPECT_EQ(mul(mask, 1e300).to_vector<int64_t>(), (std::vector<int64_t>{kMax64, 0}));  // scalar saturates
+  EXPECT_EQ(saturating_float_to_int<int64_t>(9.3e18), kMax64);
+  EXPECT_EQ(saturating_float_to_int<int32_t>(-2147483648.0), min32);
+  EXPECT_EQ(saturating_float_to_int<int32_t>(2147483647.9), max32);
 }
 
 }  // namespace

@@ -157,6 +157,30 @@ TEST_F(SafetensorsTest, CorruptHeadersAreRejected) {
 // exception type (a JSON library's type_error, std::bad_alloc from a huge shape), never a
 // crash or an out-of-bounds read (this test also runs under AddressSanitizer:
 // scripts/sanitize.sh address).
+// Shapes that are not int64 integers, and repeated names, get messages saying so (not "has a
+// negative dim", not silently truncated, not "regions overlap or leave gaps").
+TEST_F(SafetensorsTest, ShapesThatAreNotDimsAndDuplicateNamesAreNamedPrecisely) {
+  const std::string data(16, '\0');
+  auto header = [](const std::string& shape) {
+    return R"({"w":{"dtype":"F32","shape":)" + shape + R"(,"data_offsets":[0,16]}})";
+  };
+  write_bytes(path("huge.safetensors"), make_file(header("[1e30]"), data));
+  expect_load_error(path("huge.safetensors"), "too large");
+  write_bytes(path("u64.safetensors"), make_file(header("[18446744073709551615]"), data));
+  expect_load_error(path("u64.safetensors"), "too large for a dim");
+  write_bytes(path("frac.safetensors"), make_file(header("[4.5]"), data));
+  expect_load_error(path("frac.safetensors"), "is not an integer");
+  write_bytes(path("neg.safetensors"), make_file(header("[-4]"), data));
+  expect_load_error(path("neg.safetensors"), "negative dim");
+  write_bytes(path("dup.safetensors"),
+              make_file(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                        R"("w":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+                        data));
+  expect_load_error(path("dup.safetensors"), "duplicate tensor name");
+  write_bytes(path("ok.safetensors"), make_file(header("[4]"), data));
+  EXPECT_EQ(load_safetensors(path("ok.safetensors")).at("w").shape(), (Shape{4}));
+}
+
 TEST_F(SafetensorsTest, EveryOneByteCorruptionAndTruncationLoadsOrThrowsError) {
   save_safetensors(path("good.safetensors"),
                    {{"weight", arange(0, 6).reshape({2, 3})},
