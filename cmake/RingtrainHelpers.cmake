@@ -58,3 +58,22 @@ function(ringtrain_add_gtest name)
   gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
                        PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT 300)
 endfunction()
+
+# ringtrain_stretch_timeouts_under_sanitizers(): call at the end of a CMakeLists.txt
+# whose tests run whole programs (training examples, benchmarks). A sanitizer build
+# runs them 5-40x slower (ThreadSanitizer most), so there every TIMEOUT set in that
+# directory is multiplied by 10; a normal build keeps the tight limits, which are
+# part of what those tests check.
+function(ringtrain_stretch_timeouts_under_sanitizers)
+  if(NOT RINGTRAIN_SANITIZE)
+    return()
+  endif()
+  get_directory_property(tests TESTS)
+  foreach(test IN LISTS tests)
+    get_test_property(${test} TIMEOUT timeout)
+    if(timeout)
+      math(EXPR timeout "${timeout} * 10")
+      set_tests_properties(${test} PROPERTIES TIMEOUT ${timeout})
+    endif()
+  endforeach()
+endfunction()
