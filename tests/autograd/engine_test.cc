@@ -12,6 +12,7 @@
 #include "autograd/functions.h"
 #include "autograd/graph.h"
 #include "tensor/ops.h"
+#include "tests/common/expect_error.h"
 
 namespace ringtrain {
 namespace {
@@ -27,16 +28,7 @@ Tensor param(std::vector<float> values, Shape shape) {
 
 std::vector<float> values(const Tensor& t) { return t.to_vector<float>(); }
 
-// Expects `f` to throw an Error whose message contains every string in `parts`.
-template <typename F>
-void expect_error(F f, std::vector<std::string> parts) {
-  try {
-    f();
-    FAIL() << "expected an exception mentioning " << parts[0];
-  } catch (const Error& e) {
-    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
-  }
-}
+using ringtrain::testing::expect_error;
 
 TEST(Engine, ChainRuleAndAccumulation) {
   Tensor x = param({1, 2, 3}, {3});

@@ -14,6 +14,7 @@
 #include "nn/module.h"
 #include "nn/optim.h"
 #include "tensor/ops.h"
+#include "tests/common/expect_error.h"
 
 namespace ringtrain::nn {
 namespace {
@@ -321,16 +322,7 @@ TEST(Module, OptimizerStepsATiedWeightOnce) {
 
 // ---------------------------------------------------------------- layer misuse
 
-// Expects `f` to throw an Error whose message contains every string in `parts`.
-template <typename F>
-void expect_error(F f, std::vector<std::string> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an exception mentioning " << parts[0];
-  } catch (const Error& e) {
-    for (const auto& part : parts) EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-  }
-}
+using ringtrain::testing::expect_error;
 
 TEST(LayerMisuse, BatchNormChecksEpsAndMomentum) {
   expect_error([] { BatchNorm1d(3, -1e-5); }, {"BatchNorm1d", "eps", ">= 0"});

@@ -16,6 +16,7 @@
 #include "nn/lr_scheduler.h"
 #include "nn/optim.h"
 #include "tensor/ops.h"
+#include "tests/common/expect_error.h"
 
 namespace ringtrain::nn {
 namespace {
@@ -294,16 +295,7 @@ TEST(LRSchedule, StepCosineWarmup) {
 
 // ---------------------------------------------------------------- misuse: each names the problem
 
-// Expects `f` to throw an Error whose message contains every string in `parts`.
-template <typename F>
-void expect_error(F f, std::vector<std::string> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an exception mentioning " << parts[0];
-  } catch (const Error& e) {
-    for (const auto& part : parts) EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-  }
-}
+using ringtrain::testing::expect_error;
 
 TEST(OptimMisuse, ClipGradNormRejectsANegativeOrNaNMaxNormAndKeepsTheGradients) {
   Tensor a = param64({0, 0});
