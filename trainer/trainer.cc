@@ -184,21 +184,6 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
   RT_CHECK(train != nullptr && train->size() > 0, "Trainer::fit: the training data set is empty");
   const TrainerOptions& o = options_;
   FitResult result;
-  // Output paths fail now, not after the first epoch has trained.
-  if (!o.checkpoint_dir.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(o.checkpoint_dir, ec);
-    RT_CHECK(!ec && access(o.checkpoint_dir.c_str(), W_OK) == 0, "Trainer: cannot create or write checkpoint_dir '",
-             o.checkpoint_dir, "': ", ec ? ec.message() : std::strerror(errno));
-  }
-  for (const std::string* path : {&o.metrics_csv, &o.step_log_csv}) {
-    if (path->empty()) continue;
-    const std::filesystem::path p(*path);
-    const std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
-    const bool ok = access(path->c_str(), F_OK) == 0 ? access(path->c_str(), W_OK) == 0 : access(dir.c_str(), W_OK) == 0;
-    RT_CHECK(ok, "Trainer: cannot write '", *path, "': ", std::strerror(errno),
-             " (the directory must exist and be writable)");
-  }
 
   // ---- 0. watch for the walltime signal from the very start. SLURM may send it
   // soon after a (re)start (docs/slurm.md), while we still wait for the other ranks
@@ -235,6 +220,22 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
   const int rank = group ? group->rank() : 0;
   const int world = group ? group->size() : 1;
   const bool global_zero = rank == 0;
+  // Rank 0 writes checkpoints and logs: its output paths fail now, not after the first
+  // epoch has trained (an error here reaches the other ranks through the store).
+  if (global_zero && !o.checkpoint_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.checkpoint_dir, ec);
+    RT_CHECK(!ec && access(o.checkpoint_dir.c_str(), W_OK) == 0, "Trainer: cannot create or write checkpoint_dir '",
+             o.checkpoint_dir, "': ", ec ? ec.message() : std::strerror(errno));
+  }
+  for (const std::string* path : {&o.metrics_csv, &o.step_log_csv}) {
+    if (!global_zero || path->empty()) continue;
+    const std::filesystem::path p(*path);
+    const std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
+    const bool ok = access(path->c_str(), F_OK) == 0 ? access(path->c_str(), W_OK) == 0 : access(dir.c_str(), W_OK) == 0;
+    RT_CHECK(ok, "Trainer: cannot write '", *path, "': ", std::strerror(errno),
+             " (the directory must exist and be writable)");
+  }
   result.rank = rank;
   Strategy strategy = resolve_strategy(o.strategy, world, local_devices);
   check_strategy_fits(world, strategy);
