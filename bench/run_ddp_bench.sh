@@ -8,7 +8,9 @@
 # then prints the medians over the repeats (and each repeat's ratio), and writes a
 # Chrome trace of one 2-rank DDP step (timeline.json) plus its picture (timeline.png).
 # Inside each program, local and DDP steps are themselves timed in alternating rounds.
+# PYTHON names the interpreter with torch (default /usr/bin/python3, Debian's python3-torch).
 set -euo pipefail
+python=${PYTHON:-/usr/bin/python3}
 build=${1:-build}
 out=${2:-bench-out}
 shift $(( $# < 2 ? $# : 2 ))
@@ -22,7 +24,7 @@ for ((k = 1; k <= repeats; k++)); do
     "$ringrun" --nproc-per-node $np "$build/bench/ddp_step" "${extra[@]}" --json "$out/ours-np$np-$k.json" \
       $([ $np = 2 ] && [ $k = "$repeats" ] && echo --trace "$out/timeline.json") > "$out/ours-np$np-$k.txt"
     cat "$out/ours-np$np-$k.txt"
-    "$ringrun" --nproc-per-node $np /usr/bin/python3 "$(dirname "$0")/ddp_step_torch.py" "${extra[@]}" \
+    "$ringrun" --nproc-per-node $np "$python" "$(dirname "$0")/ddp_step_torch.py" "${extra[@]}" \
       --json "$out/torch-np$np-$k.json" > "$out/torch-np$np-$k.txt"
   done
 done
@@ -58,6 +60,6 @@ for r in o[2][0]["rows"]:
         print(f"  {r['cap_mb']:>6} -> {r['buckets']} buckets, {med([x['step_ms'] for x in same]):.1f} ms "
               f"(wait {med([x['comm_wait_ms'] for x in same]):.1f} ms)")
 PY
-if /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then
-  /usr/bin/python3 "$(dirname "$0")/plot_timeline.py" "$out/timeline.json" "$out/timeline.png"
+if "$python" -c "import matplotlib" 2>/dev/null; then
+  "$python" "$(dirname "$0")/plot_timeline.py" "$out/timeline.json" "$out/timeline.png"
 fi
