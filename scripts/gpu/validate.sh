@@ -56,6 +56,7 @@ want() { [[ " ${steps[*]} " == *" $1 "* ]]; }
 
 if want env; then
   step nvidia-smi 30 nvidia-smi
+  step lscpu 30 bash -c "lscpu; lscpu -e"
   step ldd 30 bash -c "for f in $B/tests/tensor/tensor_cuda_ops_test $B/tests/comm/comm_collectives_test \
       $B/examples/digits_ddp $B/bench/bench_tensor_cuda; do echo \$f; ldd \$f | grep -E 'not found|cudnn|nccl|cublas|cudart|mpi'; done"
 fi
@@ -145,7 +146,8 @@ if want cpu-ddp-bench; then
   # Issue 5's CPU benchmark on this machine's 16 cores: the same two ranks with one
   # compute thread each, but with cores to spare for communication (the 2-core CI
   # machine has none, which bounds its hidden fraction h); torch is this image's.
-  step cpu-ddp-bench 300 env PYTHON="$(command -v python3)" REPEATS=3 bash bench/run_ddp_bench.sh "$B" "$logs/cpu-ddp"
+  # REPEATS (default 3) alternating repeats of ours and torch.
+  step cpu-ddp-bench 400 env PYTHON="$(command -v python3)" REPEATS="${REPEATS:-3}" bash bench/run_ddp_bench.sh "$B" "$logs/cpu-ddp"
   sed -n '/^medians/,$p' "$logs/cpu-ddp-bench.log" >> "$summary"
 fi
 if want sanitizer; then
