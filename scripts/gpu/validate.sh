@@ -7,7 +7,7 @@
 # after each step the logs are packed into $OUT/gpu-logs.tgz with $OUT/summary.txt
 # beside it (the device tool brings back few files). A summary table is printed last.
 # Steps to run can be named: validate.sh tests bench (default: env probe tests bench
-# demo ddp-bench comm-bench nccl-mode cpu-ddp-bench sanitizer).
+# demo ddp-bench comm-bench nccl-mode cpu-ddp-bench sanitizer; cpu-interference only when named).
 #
 # Record what it printed in docs/gpu-validation.md.
 set -uo pipefail
@@ -149,6 +149,25 @@ if want cpu-ddp-bench; then
   # REPEATS (default 3) alternating repeats of ours and torch.
   step cpu-ddp-bench 400 env PYTHON="$(command -v python3)" REPEATS="${REPEATS:-3}" bash bench/run_ddp_bench.sh "$B" "$logs/cpu-ddp"
   sed -n '/^medians/,$p' "$logs/cpu-ddp-bench.log" >> "$summary"
+fi
+if want cpu-interference; then
+  # Does the comm threads' memory traffic slow the compute? bench/ddp_step at 2 ranks
+  # on the CPU, run alone and beside another pair of processes that runs 8 MiB host
+  # allreduces on other cores the whole time, in alternation, twice each. Its "local"
+  # row (no DDP, no communication of its own) is the one to compare.
+  export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1  # as run_ddp_bench.sh
+  for k in 1 2; do
+    step "interference-alone-$k" 120 "$B/comm/ringrun" --nproc-per-node 2 --master-port 29512 \
+        "$B/bench/ddp_step" --json "$logs/interference-alone-$k.json"
+    step "interference-beside-allreduce-$k" 150 bash -c "
+      '$B/comm/ringrun' --nproc-per-node 2 --master-port 29513 '$B/bench/comm_sweep' --min-bytes 8M \
+          --max-bytes 8M --iters 1000000 > '$logs/interference-load-$k.log' 2>&1 & load=\$!
+      sleep 3
+      '$B/comm/ringrun' --nproc-per-node 2 --master-port 29512 '$B/bench/ddp_step' \
+          --json '$logs/interference-beside-allreduce-$k.json'
+      rc=\$?; kill \$load; wait \$load; exit \$rc"
+  done
+  grep -H -E "^(local|overlap|no overlap) " "$logs"/interference-*.log >> "$summary"
 fi
 if want sanitizer; then
   sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
