@@ -53,12 +53,12 @@ overhead = [100 * (row(j, "overlap")["step_ms"] / j["t_local_ms"] - 1) for j in 
 print(f"\nDDP overhead at 1 rank: {med(overhead):.1f}% (per repeat: {', '.join(f'{v:.1f}' for v in overhead)})")
 print(f"scaling efficiency 1 -> 2 ranks (same per-rank batch): ours {ours(1, 'overlap', 'step_ms') / ours(2, 'overlap', 'step_ms'):.2f}, "
       f"torch {top(t, 1, 't_ddp_ms') / top(t, 2, 't_ddp_ms'):.2f}")
-print("\nbucket sweep (2 ranks): cap MiB -> buckets, step ms (median over repeats)")
+print("\nbucket sweep (2 ranks): cap MiB -> buckets, step ms, h (medians over repeats)")
 for r in o[2][0]["rows"]:
     if r["name"] == "sweep":
         same = [x for j in o[2] for x in j["rows"] if x["name"] == "sweep" and x["cap_mb"] == r["cap_mb"]]
         print(f"  {r['cap_mb']:>6} -> {r['buckets']} buckets, {med([x['step_ms'] for x in same]):.1f} ms "
-              f"(wait {med([x['comm_wait_ms'] for x in same]):.1f} ms)")
+              f"(wait {med([x['comm_wait_ms'] for x in same]):.1f} ms), h {med([x['h'] for x in same]):.2f}")
 PY
 if "$python" -c "import matplotlib" 2>/dev/null; then
   "$python" "$(dirname "$0")/plot_timeline.py" "$out/timeline.json" "$out/timeline.png"
