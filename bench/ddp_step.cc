@@ -374,8 +374,10 @@ int run(int argc, char** argv, std::shared_ptr<comm::ProcessGroup>& pg) {
     }
     std::printf("# replicas identical after every configuration: #wrong = %d\n", wrong);
     if (!c.json_out.empty()) {
-      nlohmann::json j = {{"world", world}, {"backend", c.backend}, {"device", device.str()}, {"t_local_ms", t_local}, {"h", h},
-                         {"h_bound", h_bound}, {"wrong", wrong}};
+      nlohmann::json j = {{"world", world}, {"backend", c.backend}, {"device", device.str()}, {"t_local_ms", t_local},
+                         {"h", world > 1 ? nlohmann::json(h) : nlohmann::json(nullptr)},
+                         {"h_bound", world > 1 ? nlohmann::json(h_bound) : nlohmann::json(nullptr)},
+                         {"wrong", wrong}};
       for (const Row& r : rows)
         j["rows"].push_back({{"name", r.name}, {"cap_mb", r.cap_mb}, {"buckets", r.buckets}, {"step_ms", r.t_ms},
                              {"t_comm_ms", r.t_comm}, {"comm_wait_ms", r.comm_wait_ms},
