@@ -154,20 +154,25 @@ if want cpu-interference; then
   # Does the comm threads' memory traffic slow the compute? bench/ddp_step at 2 ranks
   # on the CPU, run alone and beside another pair of processes that runs 8 MiB host
   # allreduces on other cores the whole time, in alternation, twice each. Its "local"
-  # row (no DDP, no communication of its own) is the one to compare.
+  # row (no DDP, no communication of its own) is the one to compare. The load is a
+  # loop of short sweeps (comm_sweep prints a size's row only after its repetitions),
+  # so its log shows the rate it ran at.
   export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1  # as run_ddp_bench.sh
   for k in 1 2; do
     step "interference-alone-$k" 120 "$B/comm/ringrun" --nproc-per-node 2 --master-port 29512 \
         "$B/bench/ddp_step" --json "$logs/interference-alone-$k.json"
     step "interference-beside-allreduce-$k" 150 bash -c "
-      '$B/comm/ringrun' --nproc-per-node 2 --master-port 29513 '$B/bench/comm_sweep' --min-bytes 8M \
-          --max-bytes 8M --iters 1000000 > '$logs/interference-load-$k.log' 2>&1 & load=\$!
+      while :; do
+        '$B/comm/ringrun' --nproc-per-node 2 --master-port 29513 '$B/bench/comm_sweep' --min-bytes 8M \
+            --max-bytes 8M --iters 500 || break
+      done > '$logs/interference-load-$k.log' 2>&1 & load=\$!
       sleep 3
       '$B/comm/ringrun' --nproc-per-node 2 --master-port 29512 '$B/bench/ddp_step' \
           --json '$logs/interference-beside-allreduce-$k.json'
-      rc=\$?; kill \$load; wait \$load; exit \$rc"
+      rc=\$?; kill \$load; pkill -f '^$B/comm/ringrun --nproc-per-node 2 --master-port 29513'; wait \$load; exit \$rc"
   done
   grep -H -E "^(local|overlap|no overlap) " "$logs"/interference-*.log >> "$summary"
+  grep -H -c -E "float +sum" "$logs"/interference-load-*.log >> "$summary"  # load sweeps completed
 fi
 if want sanitizer; then
   sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
