@@ -32,6 +32,11 @@
 // Each repetition restores the input from a pristine copy (untimed) because the
 // allreduce is in place, then a barrier lines the ranks up, then the timed call.
 // Ours and MPI_Allreduce alternate repetition by repetition.
+//
+// Before and after the sweep: memcpy on rank 0 (the memory's roof) and, with two
+// or more ranks on host buffers, the stream from rank 0 to rank 1 through the
+// group's send/recv (the roof between two cores, and the mark of this VM's slow
+// mode; docs/collective-benchmark.md).
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -198,13 +203,53 @@ int run(int argc, char** argv, std::shared_ptr<ProcessGroup>& pg) {
     pg->barrier().wait();
     return gbps;
   };
+  // ---- the stream between ranks 0 and 1: 1 MiB messages one way through this
+  // backend's send/recv. With the ring backend on one host that is the shared-memory
+  // transport copying from one core to another, the roof of the allreduce. This VM
+  // has a "slow mode" in which the host halves the bandwidth between its two vCPUs
+  // while memcpy stays where it was (docs/collective-benchmark.md), so the memcpy
+  // line cannot show it and this one can: printed before and after the sweep, it
+  // says which mode the run was in. Every message is checked on arrival.
+  int64_t stream_wrong = 0;
+  auto measure_stream = [&] {
+    constexpr size_t kCount = size_t{1} << 18;  // floats: 1 MiB
+    constexpr int kMessages = 16, kTrials = 5;
+    std::vector<float> message(kCount);
+    std::vector<double> times;
+    for (int trial = 0; trial < kTrials; ++trial) {
+      pg->barrier().wait();
+      auto t0 = std::chrono::steady_clock::now();
+      for (int m = 0; m < kMessages; ++m) {
+        const float stamp = static_cast<float>(trial * kMessages + m);
+        if (rank == 0) {
+          std::fill(message.begin(), message.end(), stamp);
+          pg->send({message.data(), kCount, DType::kFloat32}, 1).wait();
+        } else if (rank == 1) {
+          pg->recv({message.data(), kCount, DType::kFloat32}, 0).wait();
+          stream_wrong += std::count_if(message.begin(), message.end(), [&](float v) { return v != stamp; });
+        }
+      }
+      // Rank 1 acknowledges the last message, so rank 0's clock covers its arrival.
+      int ack = 0;
+      if (rank == 1) pg->send({&ack, 1, DType::kInt32}, 0).wait();
+      if (rank == 0) pg->recv({&ack, 1, DType::kInt32}, 1).wait();
+      times.push_back(Seconds(std::chrono::steady_clock::now() - t0).count());
+    }
+    return kMessages * kCount * sizeof(float) / median(times) / 1e9;  // meaningful on rank 0
+  };
+  // Host memory between two ranks only; the CUDA paths have their own roofs.
+  const bool stream_measured = n >= 2 && device.is_cpu();
   const double memcpy_gbps = measure_memcpy();
+  const double stream_gbps = stream_measured ? measure_stream() : 0.0;
 
   if (rank == 0) {
     std::printf("# comm_sweep: allreduce, %d ranks, backend %s, init %s, %s buffers on %s, %s launch, warmup %d, iters %d (median; ours and MPI alternate)\n",
                 n, backend.c_str(), launch_info().method.c_str(), buffers.c_str(), device.str().c_str(),
                 launch_text.c_str(), warmup, iters);
     std::printf("# memcpy bandwidth (rank 0, 64 MiB, same run): %.2f GB/s\n", memcpy_gbps);
+    if (stream_measured) {
+      std::printf("# stream rank 0 -> 1 (1 MiB messages, this backend's send/recv): %.2f GB/s\n", stream_gbps);
+    }
     std::printf("#\n# %10s %12s %8s %6s | %10s %8s %8s %7s |%s\n", "size", "count", "type", "redop",
                 "time", "algbw", "busbw", "#wrong",
                 mpi_reference ? "   MPI time  MPI busbw  #wrong | busbw ratio" : "");
@@ -336,9 +381,18 @@ int run(int argc, char** argv, std::shared_ptr<ProcessGroup>& pg) {
   }
 
   const double memcpy_after_gbps = measure_memcpy();
+  const double stream_after_gbps = stream_measured ? measure_stream() : 0.0;
+  if (stream_measured) {
+    pg->allreduce({&stream_wrong, 1, DType::kInt64}, ReduceOp::kSum).wait();
+    total_wrong += stream_wrong;
+  }
   if (rank == 0) {
     std::printf("# memcpy bandwidth after the sweep: %.2f GB/s (before: %.2f)\n", memcpy_after_gbps,
                 memcpy_gbps);
+    if (stream_measured) {
+      std::printf("# stream rank 0 -> 1 after the sweep: %.2f GB/s (before: %.2f); messages' #wrong %lld\n",
+                  stream_after_gbps, stream_gbps, static_cast<long long>(stream_wrong));
+    }
     // The targets (host buffers), computed from the rows above.
     if (mpi_reference && device.is_cpu()) {
       double min_ratio = 1e9;
@@ -366,7 +420,10 @@ int run(int argc, char** argv, std::shared_ptr<ProcessGroup>& pg) {
     }
     std::printf("# total #wrong: %lld\n", static_cast<long long>(total_wrong));
     if (!json_path.empty()) {
-      const std::string text = nlohmann::json{{"ranks", n}, {"backend", backend}, {"buffers", buffers}, {"device", device.str()}, {"launch", launch_text}, {"memcpy_gbps", memcpy_gbps}, {"memcpy_after_gbps", memcpy_after_gbps}, {"rows", rows}}.dump(1);
+      const std::string text = nlohmann::json{{"ranks", n}, {"backend", backend}, {"buffers", buffers}, {"device", device.str()}, {"launch", launch_text}, {"memcpy_gbps", memcpy_gbps}, {"memcpy_after_gbps", memcpy_after_gbps},
+                                             {"stream_gbps", stream_measured ? nlohmann::json(stream_gbps) : nlohmann::json(nullptr)},
+                                             {"stream_after_gbps", stream_measured ? nlohmann::json(stream_after_gbps) : nlohmann::json(nullptr)},
+                                             {"rows", rows}}.dump(1);
       if (std::string error = bench::write_text_file("--json", json_path, text); !error.empty()) {
         std::fprintf(stderr, "comm_sweep: %s\n", error.c_str());
         return 2;
