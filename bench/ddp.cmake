@@ -17,15 +17,9 @@ if(TARGET ringtrain_ddp)
     # Bad input, one rank (no launcher): errors that name the option, not std::terminate,
     # a crash, or a table of zeros and -nan%.
     set(ddp_small --in-features 8 --width 8 --hidden 1 --batch 4 --warmup 1 --rounds 1 --steps 1 --sweep-mb 1)
-    foreach(case "width;0;1" "hidden;-1;0" "rounds;0;1" "steps;0;1" "warmup;-1;0")
-      list(GET case 0 flag)
-      list(GET case 1 value)
-      list(GET case 2 low)
-      ringtrain_bench_expect_error(bench.ddp_step.${flag}_${value}
-                                   EXPECT "--${flag}: Value ${value} not in range ${low} to"
-                                   COMMAND $<TARGET_FILE:ddp_step> --in-features 8 --batch 4 --sweep-mb 1
-                                           --${flag} ${value})
-    endforeach()
+    ringtrain_bench_expect_range_errors(bench.ddp_step
+        CASES width:0:1 hidden:-1:0 rounds:0:1 steps:0:1 warmup:-1:0
+        COMMAND $<TARGET_FILE:ddp_step> --in-features 8 --batch 4 --sweep-mb 1)
     foreach(cap 0 -1)  # -1 MiB used to become a size_t near 2^64
       ringtrain_bench_expect_error(bench.ddp_step.sweep_mb_${cap}
                                    EXPECT "--sweep-mb: '${cap}' is not a bucket cap in MiB"

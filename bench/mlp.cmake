@@ -22,15 +22,9 @@ if(TARGET mlp_step)
   if(RINGTRAIN_BUILD_TESTS)
     set(mlp_small --no-torch --in-features 8 --width 8 --hidden 1 --batch 4 --warmup 1 --rounds 1 --steps 1
                   --check-steps 1)
-    foreach(case "rounds;0;1" "steps;0;1" "width;0;1" "hidden;-1;0" "warmup;-1;0")
-      list(GET case 0 flag)
-      list(GET case 1 value)
-      list(GET case 2 low)
-      ringtrain_bench_expect_error(bench.mlp_step.${flag}_${value}
-                                   EXPECT "--${flag}: Value ${value} not in range ${low} to"
-                                   COMMAND $<TARGET_FILE:mlp_step> --no-torch --in-features 8 --batch 4
-                                           --check-steps 1 --${flag} ${value})
-    endforeach()
+    ringtrain_bench_expect_range_errors(bench.mlp_step
+        CASES rounds:0:1 steps:0:1 width:0:1 hidden:-1:0 warmup:-1:0
+        COMMAND $<TARGET_FILE:mlp_step> --no-torch --in-features 8 --batch 4 --check-steps 1)
     ringtrain_bench_expect_error(bench.mlp_step.json_unwritable
                                  EXPECT "mlp_step: cannot write --json ${CMAKE_CURRENT_BINARY_DIR}/no-such-dir/x.json: No such file or directory"
                                  FORBID "median ms/step"

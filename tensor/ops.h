@@ -19,7 +19,9 @@
 //  * Comparisons return 1/0 in the operands' dtype; `where` treats nonzero as true.
 //  * Float16/bfloat16 math is computed in float32 and rounded on store.
 //  * Integer add/sub/mul/div/neg/abs wrap around (two's complement, as PyTorch and
-//    numpy): INT_MIN / -1 == INT_MIN. Integer division by zero throws.
+//    numpy): INT_MIN / -1 == INT_MIN. On CUDA, div is wrapped explicitly and
+//    add/sub/mul/neg/abs rely on the GPU's two's-complement arithmetic. Integer
+//    division by zero throws on the CPU and gives 0 on CUDA (a kernel cannot throw).
 //  * A float value stored into an integer tensor (to(), full/fill_, masked_fill,
 //    a tensor-scalar op's scalar, integer pow) is truncated toward zero and
 //    saturated to the dtype's range; NaN becomes 0 (saturating_float_to_int, dtype.h).

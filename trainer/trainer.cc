@@ -219,6 +219,9 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
   }
   const int rank = group ? group->rank() : 0;
   const int world = group ? group->size() : 1;
+  // What "k batches into the epoch" depends on: written with every checkpoint and
+  // compared on resume (one definition, so the two can never drift apart).
+  const nlohmann::json data_layout = {{"batch_size", o.batch_size}, {"world_size", world}, {"seed", o.seed}};
   const bool global_zero = rank == 0;
   // Rank 0 writes checkpoints and logs: its output paths fail now, not after the first
   // epoch has trained (an error here reaches the other ranks through the store).
@@ -376,13 +379,12 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
         // size, world size and seed (the sampler's order). Otherwise the epoch starts
         // over: some samples are seen twice, none is skipped.
         const nlohmann::json saved_layout = info->extra.value("data_layout", nlohmann::json());
-        const nlohmann::json layout = {{"batch_size", o.batch_size}, {"world_size", world}, {"seed", o.seed}};
-        if (skip_batches > 0 && saved_layout.is_object() && saved_layout != layout) {
+        if (skip_batches > 0 && saved_layout.is_object() && saved_layout != data_layout) {
           if (global_zero)
             std::printf("trainer: %s stopped %lld batches into epoch %lld with %s; this run has %s, so that "
                         "position means other samples: epoch %lld restarts from its first batch\n",
                         info->stem.c_str(), (long long)skip_batches, (long long)info->progress.epoch,
-                        saved_layout.dump().c_str(), layout.dump().c_str(), (long long)info->progress.epoch);
+                        saved_layout.dump().c_str(), data_layout.dump().c_str(), (long long)info->progress.epoch);
           skip_batches = 0;
         }
         if (info->extra.contains("scaler")) scaler.load_state_dict(info->extra["scaler"]);
@@ -411,8 +413,7 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
     if (!checkpoints || !global_zero) return;
     checkpoints->save(targets, {epoch, global_step},
                       nlohmann::json{{"batches_into_epoch", batches_into_epoch},
-                                     {"data_layout", {{"batch_size", o.batch_size}, {"world_size", world},
-                                                      {"seed", o.seed}}},
+                                     {"data_layout", data_layout},
                                      {"scaler", scaler.state_dict()},
                                      {"skipped_steps", result.skipped_steps}});
   };
