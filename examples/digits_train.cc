@@ -193,18 +193,15 @@ int run(const Options& opt) {
   if (opt.resume) {
     if (!checkpoints) throw std::runtime_error("--resume needs --checkpoint-dir");
     std::vector<std::string> skipped;
-    std::optional<nn::CheckpointInfo> info = checkpoints->restore_latest(targets, &skipped);
+    // Throws, naming each damaged checkpoint, when there are some and none is valid.
+    std::optional<std::string> stem = checkpoints->resume_point("drop --resume to start fresh", &skipped);
     for (const std::string& s : skipped) std::printf("skipped checkpoint: %s\n", s.c_str());
-    if (info) {
-      start_epoch = static_cast<int>(info->progress.epoch);
-      step = info->progress.step;
-      std::printf("resumed from %s: epoch %d, step %lld\n", info->stem.c_str(), start_epoch,
+    if (stem) {
+      nn::CheckpointInfo info = nn::load_checkpoint(*stem, targets);
+      start_epoch = static_cast<int>(info.progress.epoch);
+      step = info.progress.step;
+      std::printf("resumed from %s: epoch %d, step %lld\n", info.stem.c_str(), start_epoch,
                   static_cast<long long>(step));
-    } else if (!skipped.empty()) {
-      // Starting over would soon rotate the damaged checkpoints away.
-      throw std::runtime_error("--resume: every checkpoint in " + opt.checkpoint_dir +
-                               " is damaged (listed above; nothing was deleted). Repair or move them, or "
-                               "drop --resume to start fresh");
     } else {
       std::printf("no checkpoint in %s; starting fresh\n", opt.checkpoint_dir.c_str());
     }

@@ -69,17 +69,18 @@ struct OpenedCheckpoint {
   SafetensorsFile tensors;
 };
 
-OpenedCheckpoint open_checkpoint(const std::string& stem) {
+// Reads and checks a checkpoint's JSON record: format, version, progress and the
+// fields that name its tensor file. Throws CheckpointError naming the file.
+json read_record(const std::string& stem) {
   const std::string jpath = json_path(stem);
   std::optional<std::string> text = slurp(jpath);
   if (!text) throw CheckpointError(jpath + ": checkpoint record not found (or unreadable)");
-  OpenedCheckpoint out;
+  json m;
   try {
-    out.meta = json::parse(*text);
+    m = json::parse(*text);
   } catch (const json::exception& e) {
     throw CheckpointError(jpath + ": malformed JSON (" + e.what() + ")");
   }
-  const json& m = out.meta;
   auto need = [&](bool ok, const std::string& what) {
     if (!ok) throw CheckpointError(jpath + ": " + what);
   };
@@ -92,10 +93,23 @@ OpenedCheckpoint open_checkpoint(const std::string& stem) {
            m["step"].is_number_integer(),
        "missing integer \"epoch\"/\"step\"");
   need(m.contains("tensors_file") && m["tensors_file"].is_string() && m.contains("tensors_bytes") &&
-           m.contains("tensors_crc32"),
+           m["tensors_bytes"].is_number_unsigned() && m.contains("tensors_crc32") &&
+           m["tensors_crc32"].is_number_unsigned(),
        "missing \"tensors_file\"/\"tensors_bytes\"/\"tensors_crc32\"");
+  return m;
+}
 
-  const std::string tpath = (fs::path(stem).parent_path() / m["tensors_file"].get<std::string>()).string();
+// The tensor file a (checked) record names.
+std::string tensors_file_of(const std::string& stem, const json& record) {
+  return (fs::path(stem).parent_path() / record["tensors_file"].get<std::string>()).string();
+}
+
+OpenedCheckpoint open_checkpoint(const std::string& stem) {
+  const std::string jpath = json_path(stem);
+  OpenedCheckpoint out;
+  out.meta = read_record(stem);
+  const json& m = out.meta;
+  const std::string tpath = tensors_file_of(stem, m);
   std::optional<std::string> bytes = slurp(tpath);
   if (!bytes) throw CheckpointError(tpath + ": tensor file not found (named by " + jpath + ")");
   const auto expected_bytes = m["tensors_bytes"].get<uint64_t>();
@@ -121,18 +135,6 @@ std::vector<Tensor> optimizer_params(const Optimizer& opt) {
   std::vector<Tensor> out;
   for (const ParamGroup& g : opt.param_groups()) out.insert(out.end(), g.params.begin(), g.params.end());
   return out;
-}
-
-// Parses "state.<i>.<buf>" -> i, or -1.
-int64_t state_param_index(const std::string& name) {
-  constexpr std::string_view kState = "state.";
-  if (name.rfind(kState, 0) != 0) return -1;
-  size_t dot = name.find('.', kState.size());
-  if (dot == std::string::npos) return -1;
-  int64_t i = -1;
-  auto [ptr, ec] = std::from_chars(name.data() + kState.size(), name.data() + dot, i);
-  if (ec != std::errc() || ptr != name.data() + dot) return -1;
-  return i;
 }
 
 }  // namespace
@@ -273,12 +275,13 @@ CheckpointInfo load_checkpoint(const std::string& stem, const CheckpointTargets&
         }
         std::vector<Tensor> params = optimizer_params(*targets.optimizer);
         for (const auto& [name, t] : file_optim) {
-          int64_t i = state_param_index(name);
-          if (i < 0 || i >= static_cast<int64_t>(params.size())) {
+          std::optional<StateTensorName> state = parse_state_tensor_name(name);
+          if (!state || state->param_index >= params.size()) {
             problems.push_back("optimizer: state tensor " + name + " names no parameter of this optimizer");
-          } else if (t.shape() != params[i].shape()) {
+          } else if (t.shape() != params[state->param_index].shape()) {
             problems.push_back("optimizer: state tensor " + name + " has shape " + shape_str(t.shape()) +
-                               ", parameter " + std::to_string(i) + " has " + shape_str(params[i].shape()));
+                               ", parameter " + std::to_string(state->param_index) + " has " +
+                               shape_str(params[state->param_index].shape()));
           }
           opt_state.tensors.emplace_back(name, t);
         }
@@ -467,6 +470,22 @@ std::optional<std::string> CheckpointManager::latest_valid(std::vector<std::stri
   return std::nullopt;
 }
 
+std::optional<std::string> CheckpointManager::resume_point(const std::string& how_to_start_fresh,
+                                                           std::vector<std::string>* skipped) const {
+  std::vector<std::string> problems;
+  std::optional<std::string> stem = latest_valid(&problems);
+  if (skipped != nullptr) skipped->insert(skipped->end(), problems.begin(), problems.end());
+  if (stem || problems.empty()) return stem;
+  // Starting fresh here would soon rotate the damaged checkpoints away; they may be
+  // all that is left of the run (a bad JSON record, say, with intact tensors).
+  std::string reasons;
+  for (const std::string& p : problems) reasons += "\n  " + p;
+  throw CheckpointError(directory_ + " holds " + std::to_string(problems.size()) +
+                        " checkpoint(s) and none is valid, so resuming will not start over on top of "
+                        "them (nothing was deleted). Repair or move them, or " + how_to_start_fresh + ":" +
+                        reasons);
+}
+
 std::optional<CheckpointInfo> CheckpointManager::restore_latest(const CheckpointTargets& targets,
                                                                 std::vector<std::string>* skipped) const {
   std::optional<std::string> stem = latest_valid(skipped);
@@ -475,19 +494,20 @@ std::optional<CheckpointInfo> CheckpointManager::restore_latest(const Checkpoint
 }
 
 namespace {
-// The cheap half of open_checkpoint's checks, for pruning: the record parses as a
-// checkpoint record and its tensor file has the recorded size (no CRC: reading every
-// kept checkpoint back at each save would double the checkpoint I/O).
+// The cheap half of open_checkpoint's checks, for pruning: the record passes
+// read_record (so a record of another format version does not count) and its tensor
+// file has the recorded size (no CRC: reading every kept checkpoint back at each
+// save would double the checkpoint I/O).
 bool looks_complete(const std::string& stem) {
-  std::optional<std::string> text = slurp(json_path(stem));
-  if (!text) return false;
-  json m = json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (!m.is_object() || m.value("format", "") != kFormat || !m.contains("tensors_file") ||
-      !m["tensors_file"].is_string() || !m.contains("tensors_bytes") || !m["tensors_bytes"].is_number_unsigned())
+  json record;
+  try {
+    record = read_record(stem);
+  } catch (const CheckpointError&) {
     return false;
+  }
   std::error_code ec;
-  const auto size = fs::file_size(fs::path(stem).parent_path() / m["tensors_file"].get<std::string>(), ec);
-  return !ec && size == m["tensors_bytes"].get<uint64_t>();
+  const auto size = fs::file_size(tensors_file_of(stem, record), ec);
+  return !ec && size == record["tensors_bytes"].get<uint64_t>();
 }
 }  // namespace
 

@@ -116,6 +116,13 @@ class CheckpointManager {
   // The newest checkpoint that passes read_checkpoint_info; invalid newer ones are
   // skipped (their problems are appended to `skipped` when given).
   std::optional<std::string> latest_valid(std::vector<std::string>* skipped = nullptr) const;
+  // Where an automatic resume starts: latest_valid(), or nullopt when the directory
+  // holds no checkpoint at all. When it holds some and none is valid it throws
+  // CheckpointError listing why each was rejected, ending with `how_to_start_fresh`
+  // (e.g. "drop --resume to start fresh"): starting over would soon prune them, and
+  // they may be all that is left of the run.
+  std::optional<std::string> resume_point(const std::string& how_to_start_fresh,
+                                          std::vector<std::string>* skipped = nullptr) const;
   // load_checkpoint(latest_valid()) or nullopt when there is none.
   std::optional<CheckpointInfo> restore_latest(const CheckpointTargets& targets,
                                                std::vector<std::string>* skipped = nullptr) const;

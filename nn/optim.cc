@@ -10,6 +10,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <string_view>
 
 #include "autograd/autograd.h"
 #include "tensor/checks.h"
@@ -28,19 +29,33 @@ std::string number_str(double v) {
   return os.str();
 }
 
+// Where options are checked, formatted only when a check fails (step() checks every
+// group at every step): "SGD", "ParamGroup::set_lr", "SGD::step (param group 1)".
+struct OptionSite {
+  std::string_view name;
+  const char* op = nullptr;  // "step" -> "<name>::step"
+  int64_t group = -1;        // >= 0 -> " (param group <group>)"
+  std::string str() const {
+    std::string out(name);
+    if (op != nullptr) out += std::string("::") + op;
+    if (group >= 0) out += " (param group " + std::to_string(group) + ")";
+    return out;
+  }
+};
+
 // The ranges PyTorch's optimizers check (torch/optim/sgd.py, adam.py), plus finiteness:
 // every known option by name, so each optimizer, add_param_group, load_state_dict and
 // step() share one rule. `where` prefixes the message ("SGD", "Adam::load_state_dict").
-void check_option(const std::string& where, const std::string& key, double value) {
+void check_option(const OptionSite& where, const std::string& key, double value) {
   auto bad = [&](const char* need, const char* hint) {
-    throw Error(where + ": " + key + " must be " + need + ", got " + number_str(value) + hint);
+    throw Error(where.str() + ": " + key + " must be " + need + ", got " + number_str(value) + hint);
   };
   if (key == "nesterov" || key == "amsgrad") {
     if (value != 0 && value != 1) bad("0 or 1 (false or true)", "");
     return;
   }
-  static const std::set<std::string> kKnown = {"lr", "momentum", "dampening", "weight_decay",
-                                               "eps", "beta1", "beta2"};
+  static const std::set<std::string, std::less<>> kKnown = {"lr", "momentum", "dampening", "weight_decay",
+                                                            "eps", "beta1", "beta2"};
   if (!kKnown.count(key)) return;  // a subclass's own option: its own business
   if (!std::isfinite(value)) bad("finite", "");
   if (key == "lr") {
@@ -52,20 +67,21 @@ void check_option(const std::string& where, const std::string& key, double value
   }
 }
 
-void check_options(const std::string& where, const std::map<std::string, double>& options) {
+void check_options(const OptionSite& where, const std::map<std::string, double>& options) {
   for (const auto& [key, value] : options) check_option(where, key, value);
   auto get = [&](const char* key) {
     auto it = options.find(key);
     return it == options.end() ? 0.0 : it->second;
   };
-  RT_CHECK(get("nesterov") == 0 || (get("momentum") > 0 && get("dampening") == 0), where,
-           ": Nesterov momentum requires momentum > 0 and dampening = 0, got momentum=", get("momentum"),
-           " dampening=", get("dampening"));
+  if (get("nesterov") != 0 && !(get("momentum") > 0 && get("dampening") == 0)) {
+    throw Error(detail::concat(where.str(), ": Nesterov momentum requires momentum > 0 and dampening = 0, got momentum=",
+                               get("momentum"), " dampening=", get("dampening")));
+  }
 }
 }  // namespace
 
 void ParamGroup::set_lr(double lr) {
-  check_option("ParamGroup::set_lr", "lr", lr);
+  check_option({"ParamGroup::set_lr"}, "lr", lr);
   options["lr"] = lr;
 }
 
@@ -83,7 +99,7 @@ void Optimizer::add_param_group(ParamGroup group) {
   for (const auto& [key, value] : defaults_) group.options.try_emplace(key, value);
   for (const auto& [key, value] : group.options)
     RT_CHECK(defaults_.count(key), type_name_, ": unknown option '", key, "' in a parameter group");
-  check_options(type_name_, group.options);
+  check_options({type_name_}, group.options);
   std::set<const TensorImpl*> seen;
   for (const auto& g : groups_)
     for (const Tensor& p : g.params) seen.insert(p.unsafe_impl());
@@ -135,12 +151,12 @@ OptimizerState Optimizer::state_dict() const {
 
 void Optimizer::check_groups(const char* op) const {
   for (size_t gi = 0; gi < groups_.size(); ++gi)
-    check_options(type_name_ + "::" + op + " (param group " + std::to_string(gi) + ")", groups_[gi].options);
+    check_options({type_name_, op, static_cast<int64_t>(gi)}, groups_[gi].options);
 }
 
 namespace {
 // A decimal parameter index ("0", "17"); nullopt for anything else ("abc", "-1", "1x", "").
-std::optional<size_t> parse_index(const std::string& text) {
+std::optional<size_t> parse_index(std::string_view text) {
   if (text.empty() || text.size() > 18) return std::nullopt;
   size_t value = 0;
   for (char c : text) {
@@ -150,6 +166,17 @@ std::optional<size_t> parse_index(const std::string& text) {
   return value;
 }
 }  // namespace
+
+std::optional<StateTensorName> parse_state_tensor_name(std::string_view name) {
+  constexpr std::string_view kState = "state.";
+  if (name.substr(0, kState.size()) != kState) return std::nullopt;
+  name.remove_prefix(kState.size());
+  const size_t dot = name.find('.');
+  if (dot == std::string_view::npos || dot + 1 == name.size()) return std::nullopt;
+  std::optional<size_t> index = parse_index(name.substr(0, dot));
+  if (!index) return std::nullopt;
+  return StateTensorName{*index, std::string(name.substr(dot + 1))};
+}
 
 void Optimizer::load_state_dict(const OptimizerState& in) {
   const nlohmann::json& j = in.scalars;
@@ -166,7 +193,6 @@ void Optimizer::load_state_dict(const OptimizerState& in) {
     fail("the state has " + (groups.is_array() ? std::to_string(groups.size()) : groups.dump()) +
          " parameter groups, this optimizer " + std::to_string(groups_.size()));
   std::vector<const Tensor*> flat;
-  std::vector<size_t> group_of;  // flat index -> group index
   std::vector<std::map<std::string, double>> new_options;
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     const std::string gname = "param_groups[" + std::to_string(gi) + "]";
@@ -184,15 +210,12 @@ void Optimizer::load_state_dict(const OptimizerState& in) {
       options[key] = value.is_boolean() ? (value.get<bool>() ? 1.0 : 0.0) : value.get<double>();
     }
     try {
-      check_options(gname, options);
+      check_options({gname}, options);
     } catch (const Error& e) {
       fail(e.what());
     }
     new_options.push_back(std::move(options));
-    for (const Tensor& p : groups_[gi].params) {
-      flat.push_back(&p);
-      group_of.push_back(gi);
-    }
+    for (const Tensor& p : groups_[gi].params) flat.push_back(&p);
   }
   const auto& jstate = j["state"];
   if (!jstate.is_object()) fail("\"state\" must be an object {\"<param index>\": {\"step\": n}}, got " + jstate.dump());
@@ -210,33 +233,29 @@ void Optimizer::load_state_dict(const OptimizerState& in) {
       fail("state." + key + ".step must be an integer >= 0, got " + step.dump());
     new_state[*i].step = step.get<int64_t>();
   }
+  const StateSpec spec = state_spec();
   for (const auto& [name, t] : in.tensors) {
-    // "state.<i>.<buf>"
-    auto first = name.find('.'), second = name.find('.', first + 1);
-    std::optional<size_t> i;
-    if (name.rfind("state.", 0) == 0 && second != std::string::npos && second + 1 < name.size())
-      i = parse_index(name.substr(first + 1, second - first - 1));
-    if (!i) fail("bad tensor name '" + name + "' (expected state.<param index>.<buffer>)");
-    std::string buf = name.substr(second + 1);
-    if (*i >= flat.size()) fail("tensor '" + name + "' names a parameter that does not exist");
-    auto it = new_state.find(*i);
+    std::optional<StateTensorName> parsed = parse_state_tensor_name(name);
+    if (!parsed) fail("bad tensor name '" + name + "' (expected state.<param index>.<buffer>)");
+    const size_t i = parsed->param_index;
+    const std::string& buf = parsed->buffer;
+    if (i >= flat.size()) fail("tensor '" + name + "' names a parameter that does not exist");
+    auto it = new_state.find(i);
     if (it == new_state.end())
-      fail("tensor '" + name + "' belongs to parameter " + std::to_string(*i) +
+      fail("tensor '" + name + "' belongs to parameter " + std::to_string(i) +
            ", which has no entry (step count) in \"state\"");
     if (!t.defined()) fail("tensor '" + name + "' is an undefined Tensor");
     if (!is_floating_point(t.dtype())) fail("tensor '" + name + "' is " + t.describe() + "; state buffers are floating point");
-    if (t.shape() != flat[*i]->shape())
+    if (t.shape() != flat[i]->shape())
       fail("tensor '" + name + "' has shape " + shape_str(t.shape()) + " but the parameter is " +
-           shape_str(flat[*i]->shape()));
-    StateSpec spec = state_spec(new_options[group_of[*i]]);
+           shape_str(flat[i]->shape()));
     if (!spec.any && std::find(spec.required.begin(), spec.required.end(), buf) == spec.required.end() &&
         std::find(spec.optional.begin(), spec.optional.end(), buf) == spec.optional.end())
       fail("tensor '" + name + "': " + type_name_ + " keeps no buffer named '" + buf + "'");
     if (it->second.bufs.count(buf)) fail("tensor '" + name + "' appears twice");
-    it->second.bufs[buf] = t.to(flat[*i]->device(), flat[*i]->dtype()).clone();
+    it->second.bufs[buf] = t.to(flat[i]->device(), flat[i]->dtype()).clone();
   }
   for (const auto& [i, st] : new_state) {
-    StateSpec spec = state_spec(new_options[group_of[i]]);
     for (const std::string& buf : spec.required)
       if (!st.bufs.count(buf))
         fail("parameter " + std::to_string(i) + " has a step count (" + std::to_string(st.step) +
@@ -270,7 +289,7 @@ SGD::SGD(std::vector<Tensor> params, SGDOptions options) : SGD(one_group(std::mo
 SGD::SGD(std::vector<ParamGroup> groups, SGDOptions defaults)
     : Optimizer("SGD", std::move(groups), sgd_defaults(defaults)) {}  // add_param_group checks the options
 
-Optimizer::StateSpec SGD::state_spec(const std::map<std::string, double>&) const {
+Optimizer::StateSpec SGD::state_spec() const {
   return {{"momentum_buffer"}, {}, false};
 }
 
@@ -317,7 +336,7 @@ Adam::Adam(std::vector<ParamGroup> groups, AdamOptions defaults) : Adam("Adam", 
 Adam::Adam(std::string type_name, std::vector<ParamGroup> groups, AdamOptions defaults)
     : Optimizer(std::move(type_name), std::move(groups), adam_defaults(defaults)) {}  // options checked
 
-Optimizer::StateSpec Adam::state_spec(const std::map<std::string, double>&) const {
+Optimizer::StateSpec Adam::state_spec() const {
   // max_exp_avg_sq (amsgrad) is created at the next step when absent.
   return {{"exp_avg", "exp_avg_sq"}, {"max_exp_avg_sq"}, false};
 }

@@ -25,7 +25,9 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -51,6 +53,16 @@ struct OptimizerState {
   StateDict tensors;      // "state.<param_index>.<name>" -> tensor (shares storage; clone to keep)
   nlohmann::json scalars;  // {"type", "param_groups": [...], "state": {"<i>": {"step": n}}}
 };
+
+// An optimizer-state tensor's name, "state.<param index>.<buffer>", split into its
+// parts; nullopt for any other form (no "state." prefix, an index that is not a
+// decimal number, an empty buffer name). state_dict() writes these names;
+// load_state_dict and checkpoints read them through this one parser.
+struct StateTensorName {
+  size_t param_index = 0;
+  std::string buffer;  // "momentum_buffer", "exp_avg", ...
+};
+std::optional<StateTensorName> parse_state_tensor_name(std::string_view name);
 
 class Optimizer {
  public:
@@ -92,14 +104,14 @@ class Optimizer {
     int64_t step = 0;                     // updates applied to this parameter
     std::map<std::string, Tensor> bufs;   // "momentum_buffer", "exp_avg", "exp_avg_sq", ...
   };
-  // The buffers a parameter's state holds in a group with `options`, checked by
-  // load_state_dict: every required one must be there, no name outside required +
-  // optional is accepted. `any`: no check (the base's default).
+  // The buffers a parameter's state holds, checked by load_state_dict: every required
+  // one must be there, no name outside required + optional is accepted. `any`: no
+  // check (the base's default).
   struct StateSpec {
     std::vector<std::string> required, optional;
     bool any = true;
   };
-  virtual StateSpec state_spec(const std::map<std::string, double>& /*options*/) const { return {}; }
+  virtual StateSpec state_spec() const { return {}; }
   // Throws when a group's options are out of range (step() calls it first).
   void check_groups(const char* op) const;
 
@@ -131,7 +143,7 @@ class SGD : public Optimizer {
   void step() override;
 
  protected:
-  StateSpec state_spec(const std::map<std::string, double>& options) const override;
+  StateSpec state_spec() const override;
 };
 
 struct AdamOptions {
@@ -154,7 +166,7 @@ class Adam : public Optimizer {
  protected:
   Adam(std::string type_name, std::vector<ParamGroup> groups, AdamOptions defaults);
   void adam_step(bool decoupled_weight_decay);
-  StateSpec state_spec(const std::map<std::string, double>& options) const override;
+  StateSpec state_spec() const override;
 };
 
 // AdamW's options: Adam's with PyTorch's AdamW default weight_decay = 0.01.

@@ -231,12 +231,19 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
     RT_CHECK(!ec && access(o.checkpoint_dir.c_str(), W_OK) == 0, "Trainer: cannot create or write checkpoint_dir '",
              o.checkpoint_dir, "': ", ec ? ec.message() : std::strerror(errno));
   }
-  for (const std::string* path : {&o.metrics_csv, &o.step_log_csv}) {
-    if (!global_zero || path->empty()) continue;
-    const std::filesystem::path p(*path);
+  // The step log is opened now, for the whole run. The metrics CSV is opened at each
+  // epoch's end (its header names the metrics, known then), so it is only checked here.
+  std::ofstream step_log;
+  if (global_zero && !o.step_log_csv.empty()) {
+    step_log.open(o.step_log_csv, std::ios::app);
+    RT_CHECK(step_log.good(), "Trainer: cannot write '", o.step_log_csv, "': ", std::strerror(errno),
+             " (the directory must exist and be writable)");
+  }
+  if (global_zero && !o.metrics_csv.empty()) {
+    const std::filesystem::path p(o.metrics_csv);
     const std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
-    const bool ok = access(path->c_str(), F_OK) == 0 ? access(path->c_str(), W_OK) == 0 : access(dir.c_str(), W_OK) == 0;
-    RT_CHECK(ok, "Trainer: cannot write '", *path, "': ", std::strerror(errno),
+    const bool ok = access(p.c_str(), F_OK) == 0 ? access(p.c_str(), W_OK) == 0 : access(dir.c_str(), W_OK) == 0;
+    RT_CHECK(ok, "Trainer: cannot write '", o.metrics_csv, "': ", std::strerror(errno),
              " (the directory must exist and be writable)");
   }
   result.rank = rank;
@@ -328,17 +335,14 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
     if (global_zero) {
       if (o.resume == "auto") {
         std::vector<std::string> skipped;
-        choice["stem"] = checkpoints->latest_valid(&skipped).value_or("");
-        for (const auto& s : skipped) std::cerr << "trainer: skipped an invalid checkpoint: " << s << "\n";
-        if (choice["stem"] == "" && !skipped.empty()) {
-          // Starting fresh here would soon rotate the damaged checkpoints away; they
-          // may be all that is left of the run (a bad JSON record, say, with intact tensors).
-          std::string reasons;
-          for (const auto& s : skipped) reasons += "\n  " + s;
-          choice["error"] = detail::concat(
-              "Trainer: ", o.checkpoint_dir, " holds ", skipped.size(),
-              " checkpoint(s) and none is valid, so resume=\"auto\" will not start over on top of them "
-              "(nothing was deleted). Repair or move them, or set resume=\"never\" to start fresh:", reasons);
+        try {
+          choice["stem"] = checkpoints->resume_point("set resume=\"never\" to start fresh", &skipped)
+                               .value_or("");
+        } catch (const nn::CheckpointError& e) {
+          choice["error"] = std::string("Trainer: resume=\"auto\": ") + e.what();
+        }
+        if (choice["error"] == "") {  // the error lists them itself
+          for (const auto& s : skipped) std::cerr << "trainer: skipped an invalid checkpoint: " << s << "\n";
         }
       } else if (o.resume != "never") {
         choice["stem"] = o.resume;
@@ -402,12 +406,6 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
   if (global_zero)
     std::printf("trainer: %s | strategy %s | device %s | precision %s | world %d\n", env.describe().c_str(),
                 o.strategy.c_str(), device.str().c_str(), o.precision.c_str(), world);
-
-  std::ofstream step_log;
-  if (global_zero && !o.step_log_csv.empty()) {
-    step_log.open(o.step_log_csv, std::ios::app);
-    RT_CHECK(step_log.good(), "Trainer: cannot open step log ", o.step_log_csv);
-  }
 
   auto save = [&](int64_t epoch, int64_t batches_into_epoch) {
     if (!checkpoints || !global_zero) return;

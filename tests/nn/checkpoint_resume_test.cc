@@ -16,6 +16,8 @@
 #include <fstream>
 #include <memory>
 
+#include <nlohmann/json.hpp>
+
 #include "autograd/functions.h"
 #include "nn/checkpoint.h"
 #include "nn/data/dataloader.h"
@@ -276,11 +278,40 @@ TEST_F(CheckpointTest, PruningLeavesDamagedCheckpointsAloneAndKeepsKGoodOnes) {
   std::string s5 = mgr.save(run.targets(), {0, 5});
   EXPECT_FALSE(fs::exists(s1 + ".json")) << "a good checkpoint beyond keep_last stays";
   EXPECT_FALSE(fs::exists(s4 + ".json")) << "a good checkpoint beyond keep_last stays";
-  for (const std::string& damaged : {s2, s3}) {
+  // A record of another format version, its tensors intact: this build cannot load it,
+  // so it must not count toward keep_last either (s6 is kept beside it, not instead).
+  nlohmann::json record = nlohmann::json::parse(std::ifstream(s5 + ".json"));
+  record["version"] = 999;
+  std::ofstream(s5 + ".json") << record.dump();
+  std::string s6 = mgr.save(run.targets(), {0, 6});
+  EXPECT_TRUE(fs::exists(s6 + ".json"));
+  for (const std::string& damaged : {s2, s3, s5}) {
     EXPECT_TRUE(fs::exists(damaged + ".json")) << damaged << " was deleted";
     EXPECT_TRUE(fs::exists(damaged + ".safetensors")) << damaged << " was deleted";
   }
-  EXPECT_EQ(*mgr.latest_valid(), s5);
+  EXPECT_EQ(*mgr.latest_valid(), s6);
+}
+
+// Where resume=auto / --resume starts: the newest valid checkpoint; nothing in an empty
+// directory; and a refusal naming every damaged checkpoint when none is valid.
+TEST_F(CheckpointTest, ResumePointRefusesToStartOverDamagedCheckpoints) {
+  TrainingRun run(1, false);
+  CheckpointManager mgr(dir_.string(), 5);
+  EXPECT_FALSE(mgr.resume_point("start fresh").has_value());
+  std::string s1 = mgr.save(run.targets(), {0, 1});
+  std::string s2 = mgr.save(run.targets(), {0, 2});
+  std::ofstream(s2 + ".json") << "{garbage";
+  std::vector<std::string> skipped;
+  EXPECT_EQ(mgr.resume_point("start fresh", &skipped), s1);
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_NE(skipped[0].find(s2 + ".json"), std::string::npos) << skipped[0];
+  flip_byte(s1 + ".safetensors", 10);
+  skipped.clear();
+  expect_ckpt_error([&] { mgr.resume_point("drop --resume to start fresh", &skipped); },
+                    {dir_.string(), "2 checkpoint(s) and none is valid", "nothing was deleted",
+                     "drop --resume to start fresh", s1 + ".safetensors", "corrupt", s2 + ".json"});
+  EXPECT_EQ(skipped.size(), 2u);
+  EXPECT_EQ(mgr.list().size(), 2u);
 }
 
 TEST_F(CheckpointTest, DifferentModelListsEveryMismatchAndLoadsNothing) {

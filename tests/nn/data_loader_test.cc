@@ -20,9 +20,12 @@
 #include "nn/data/dataset.h"
 #include "nn/data/sampler.h"
 #include "tensor/ops.h"
+#include "tests/common/expect_error.h"
 
 namespace ringtrain::data {
 namespace {
+
+using ringtrain::testing::expect_error;
 
 // inputs[i] = {i, 10 i} (float), targets[i] = i (int64).
 std::shared_ptr<TensorDataset> counting_dataset(int64_t n) {
@@ -68,12 +71,7 @@ TEST(TensorDataset, GetAndGetBatch) {
 }
 
 TEST(TensorDataset, RejectsMismatchedLengths) {
-  try {
-    TensorDataset ds(zeros({4, 2}), zeros({3}, DType::kInt64));
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("same number of examples"), std::string::npos) << e.what();
-  }
+  expect_error([] { TensorDataset ds(zeros({4, 2}), zeros({3}, DType::kInt64)); }, {"same number of examples"});
 }
 
 TEST(DataLoader, SequentialBatchesWithShortTail) {
@@ -151,15 +149,7 @@ TEST(DataLoader, AMovedFromRunThrowsInsteadOfCrashing) {
   auto run = loader.epoch();
   auto moved = std::move(run);
   auto expect_moved_error = [](auto f, const char* method) {
-    try {
-      f();
-      ADD_FAILURE() << method << " on a moved-from run did not throw";
-    } catch (const Error& e) {
-      std::string what = e.what();
-      EXPECT_NE(what.find(method), std::string::npos) << what;
-      EXPECT_NE(what.find("moved from"), std::string::npos) << what;
-      EXPECT_NE(what.find("loader.epoch()"), std::string::npos) << what;
-    }
+    expect_error(f, {method, "moved from", "loader.epoch()"});
   };
   expect_moved_error([&] { (void)run.next(); }, "next");  // NOLINT(bugprone-use-after-move)
   expect_moved_error([&] { (void)run.epoch(); }, "epoch");

@@ -437,6 +437,18 @@ TEST(OptimMisuse, LoadStateDictChecksEverythingBeforeWritingAnything) {
   expect_load_error(st, {"bad tensor name 'state.x1.momentum_buffer'"});
 }
 
+TEST(OptimMisuse, StateTensorNamesParseOnlyInTheirOneForm) {
+  std::optional<StateTensorName> ok = parse_state_tensor_name("state.17.exp_avg_sq");
+  ASSERT_TRUE(ok.has_value());
+  EXPECT_EQ(ok->param_index, 17u);
+  EXPECT_EQ(ok->buffer, "exp_avg_sq");
+  EXPECT_EQ(parse_state_tensor_name("state.0.a.b")->buffer, "a.b");  // the buffer is the rest
+  for (const char* bad : {"state.x1.momentum_buffer", "state.-1.m", "state.1", "state.1.", "state..m",
+                          "states.1.m", "1.m", "", "state.1234567890123456789.m"}) {
+    EXPECT_FALSE(parse_state_tensor_name(bad).has_value()) << bad;
+  }
+}
+
 TEST(OptimMisuse, AdamStateMustBeComplete) {
   Tensor p = param64({1.0, 2.0});
   Adam a({p}, {});

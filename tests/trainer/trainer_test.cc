@@ -12,12 +12,14 @@
 #include "nn/checkpoint.h"
 #include "nn/layers.h"
 #include "tensor/ops.h"
+#include "tests/common/expect_error.h"
 #include "tests/trainer/blobs.h"
 
 namespace ringtrain::trainer {
 namespace {
 
 namespace fs = std::filesystem;
+using ringtrain::testing::expect_error;
 
 using testing::blobs;
 
@@ -48,56 +50,37 @@ TEST(TrainerTest, RejectsBadOptionsWithTheFix) {
   EXPECT_THROW(Trainer(quiet({.batch_size = 0})), Error);
   EXPECT_THROW(Trainer(quiet({.accumulate_grad_batches = 0})), Error);
   BlobClassifier m;
-  try {
-    Trainer(quiet({.strategy = "fsdp", .max_epochs = 1})).fit(m, blobs(32, 1));
-    FAIL() << "expected an unknown-strategy error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("ddp2"), std::string::npos) << e.what();
-  }
-  try {
-    Trainer(quiet({.num_nodes = 4, .max_epochs = 1})).fit(m, blobs(32, 1));
-    FAIL() << "expected a num_nodes error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("num_nodes"), std::string::npos) << e.what();
-  }
+  expect_error([&] { Trainer(quiet({.strategy = "fsdp", .max_epochs = 1})).fit(m, blobs(32, 1)); }, {"ddp2"});
+  expect_error([&] { Trainer(quiet({.num_nodes = 4, .max_epochs = 1})).fit(m, blobs(32, 1)); }, {"num_nodes"});
 }
 
 // Options that were silently ignored (or failed only after an epoch had trained) are
 // refused up front, each naming the option.
 TEST(TrainerTest, RejectsIgnoredOrLateFailingOptionsUpFront) {
-  auto error_of = [](const std::function<void()>& fn) -> std::string {
-    try {
-      fn();
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "no error";
-  };
   auto data = blobs(32, 1);
   auto fit = [&](TrainerOptions o) {
     BlobClassifier m;
     o.max_epochs = 1;
     Trainer(quiet(o)).fit(m, data);
   };
-  EXPECT_NE(error_of([&] { fit({.backend = "gloo"}); }).find("backend must be auto, ring, mpi or nccl"),
-            std::string::npos);
-  EXPECT_NE(error_of([&] { fit({.backend = "nccl"}); }).find("backend=nccl needs GPUs"), std::string::npos);
-  EXPECT_NE(error_of([&] { fit({.gradient_clip_val = -1}); }).find("gradient_clip_val must be >= 0"),
-            std::string::npos);
-  EXPECT_NE(error_of([&] { fit({.gradient_clip_val = std::nan("")}); }).find("gradient_clip_val"), std::string::npos);
-  EXPECT_NE(error_of([&] { fit({.resume = "ckpt-0000000007"}); }).find("checkpoint_dir is empty"), std::string::npos);
-  EXPECT_NE(error_of([&] { fit({.metrics_csv = "/nonexistent/dir/m.csv"}); }).find("cannot write '/nonexistent/dir/m.csv'"),
-            std::string::npos);
-  EXPECT_NE(error_of([&] { fit({.checkpoint_dir = "/proc/nope"}); }).find("cannot create or write checkpoint_dir"),
-            std::string::npos);
+  expect_error([&] { fit({.backend = "gloo"}); }, {"backend must be auto, ring, mpi or nccl"});
+  expect_error([&] { fit({.backend = "nccl"}); }, {"backend=nccl needs GPUs"});
+  expect_error([&] { fit({.gradient_clip_val = -1}); }, {"gradient_clip_val must be >= 0"});
+  expect_error([&] { fit({.gradient_clip_val = std::nan("")}); }, {"gradient_clip_val"});
+  expect_error([&] { fit({.resume = "ckpt-0000000007"}); }, {"checkpoint_dir is empty"});
+  expect_error([&] { fit({.metrics_csv = "/nonexistent/dir/m.csv"}); }, {"cannot write '/nonexistent/dir/m.csv'"});
+  expect_error([&] { fit({.step_log_csv = "/nonexistent/dir/s.csv"}); },
+               {"cannot write '/nonexistent/dir/s.csv'", "directory must exist"});
+  expect_error([&] { fit({.checkpoint_dir = "/proc/nope"}); }, {"cannot create or write checkpoint_dir"});
   struct NullModel : BlobClassifier {
     std::shared_ptr<nn::Module> model() override { return nullptr; }
   };
-  EXPECT_NE(error_of([&] {
-              NullModel m;
-              Trainer(quiet({.max_epochs = 1})).fit(m, data);
-            }).find("model() returned null"),
-            std::string::npos);
+  expect_error(
+      [&] {
+        NullModel m;
+        Trainer(quiet({.max_epochs = 1})).fit(m, data);
+      },
+      {"model() returned null"});
 }
 
 TEST(TrainerTest, LearnsAndWritesMetrics) {
@@ -171,19 +154,14 @@ TEST(TrainerTest, MaxStepsAndResumeContinueExactly) {
 // max_epochs=0 with max_steps=5 used to be accepted and train nothing. Lightning's
 // reading: max_epochs=-1 is "no epoch limit" (then max_steps decides), 0 is an error.
 TEST(TrainerTest, MaxEpochsZeroIsRefusedAndMinusOneRunsUntilMaxSteps) {
-  auto expect_error = [](TrainerOptions o, const std::vector<std::string>& needles) {
-    try {
-      Trainer t(quiet(o));
-      ADD_FAILURE() << "expected an error";
-    } catch (const Error& e) {
-      for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
-    }
+  auto refused = [](TrainerOptions o, const std::vector<std::string>& needles) {
+    expect_error([&] { Trainer t(quiet(o)); }, needles);
   };
-  expect_error({.max_epochs = 0, .max_steps = 5}, {"max_epochs=0", "max_epochs=-1", "max_steps"});
-  expect_error({.max_epochs = 0}, {"max_epochs=0"});
-  expect_error({.max_epochs = -1}, {"max_epochs=-1 and max_steps=-1", "set max_steps"});
-  expect_error({.max_epochs = -2, .max_steps = 5}, {"max_epochs must be >= 1, or -1"});
-  expect_error({.max_epochs = 1, .max_steps = 0}, {"max_steps must be -1 (no limit) or >= 1"});
+  refused({.max_epochs = 0, .max_steps = 5}, {"max_epochs=0", "max_epochs=-1", "max_steps"});
+  refused({.max_epochs = 0}, {"max_epochs=0"});
+  refused({.max_epochs = -1}, {"max_epochs=-1 and max_steps=-1", "set max_steps"});
+  refused({.max_epochs = -2, .max_steps = 5}, {"max_epochs must be >= 1, or -1"});
+  refused({.max_epochs = 1, .max_steps = 0}, {"max_steps must be -1 (no limit) or >= 1"});
   BlobClassifier m;
   // 64 examples / batch 16 = 4 steps per epoch: 10 steps cross two epoch ends.
   FitResult r = Trainer(quiet({.max_epochs = -1, .max_steps = 10, .batch_size = 16})).fit(m, blobs(64, 1));
@@ -295,13 +273,8 @@ TEST(TrainerTest, AllCheckpointsDamagedIsAnErrorNotAFreshStart) {
   ASSERT_FALSE(stems.empty());
   for (const std::string& stem : stems) std::ofstream(stem + ".json") << "{garbage";
   BlobClassifier second(3);
-  try {
-    Trainer(o).fit(second, data);
-    ADD_FAILURE() << "trained from scratch over damaged checkpoints";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("none is valid"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("resume=\"never\""), std::string::npos) << e.what();
-  }
+  // It must not train from scratch over them.
+  expect_error([&] { Trainer(o).fit(second, data); }, {"none is valid", "resume=\"never\""});
   for (const std::string& stem : stems) EXPECT_TRUE(fs::exists(stem + ".safetensors")) << stem;
   TrainerOptions fresh = o;
   fresh.resume = "never";
