@@ -298,7 +298,9 @@ bool any_requires_grad(const std::vector<Tensor>& inputs) {
 
 Tensor record(const char* name, const std::vector<Tensor>& inputs, Tensor out,
               const std::vector<Tensor>& saved, BackwardFn fn) {
-  if (!any_requires_grad(inputs)) return out;
+  // An integer result carries no gradient (its values are piecewise constant): as in
+  // PyTorch, it ends the graph, so a cast to int64 or an index output never requires grad.
+  if (!any_requires_grad(inputs) || !is_floating_point(out.dtype())) return out;
   Tensor original_out = out;
   for (const Tensor& in : inputs)
     if (in.defined() && out.is_same(in)) {

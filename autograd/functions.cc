@@ -520,9 +520,7 @@ Tensor clone(const Tensor& a) {
 
 // to(dtype): converted values  ->  g converted back
 Tensor to(const Tensor& a, DType dtype) {
-  // As in PyTorch, a cast to an integer (or bool) dtype ends the graph: its values are
-  // piecewise constant, so the result does not require grad.
-  if (!is_floating_point(dtype)) return a.to(dtype);
+  // A cast to an integer dtype ends the graph (record() keeps no node for integer outputs).
   return record("to", {a}, a.to(dtype), {},
                 [from = a.dtype()](const Tensor& g, Ctx&) -> Grads { return {g.to(from)}; });
 }

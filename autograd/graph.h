@@ -88,7 +88,8 @@ bool any_requires_grad(const std::vector<Tensor>& inputs);
 // Wires `out` (the forward result of op `name` over `inputs`) into the graph when
 // needed and returns it. `saved` are the tensors the rule reads (inputs and/or out).
 // If `out` shares its TensorImpl with an input (a view op that returned self), a
-// fresh alias is made so the input's own history is not overwritten.
+// fresh alias is made so the input's own history is not overwritten. An integer
+// `out` is returned as it is: it ends the graph (only floating tensors require grad).
 Tensor record(const char* name, const std::vector<Tensor>& inputs, Tensor out,
               const std::vector<Tensor>& saved, BackwardFn fn);
 

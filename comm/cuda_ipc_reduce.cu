@@ -25,8 +25,9 @@ struct BufferTable {
 
 template <ReduceOp kOp, typename A>
 __device__ __forceinline__ A combine(A acc, A v) {
-  if constexpr (kOp == ReduceOp::kSum || kOp == ReduceOp::kAvg) return acc + v;
-  if constexpr (kOp == ReduceOp::kProd) return acc * v;
+  // Integers wrap around as on the CPU and in NCCL (wrapping_* in dtype.h).
+  if constexpr (kOp == ReduceOp::kSum || kOp == ReduceOp::kAvg) return wrapping_add(acc, v);
+  if constexpr (kOp == ReduceOp::kProd) return wrapping_mul(acc, v);
   if constexpr (kOp == ReduceOp::kMax) return v > acc ? v : acc;
   if constexpr (kOp == ReduceOp::kMin) return v < acc ? v : acc;
 }

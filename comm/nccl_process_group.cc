@@ -52,7 +52,6 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
-#include <optional>
 #include <thread>
 
 #include "comm/backends.h"
@@ -171,12 +170,7 @@ class NcclComm {
   // would create a context on GPU 0, so the thread is put on our device first.
   void abort_locked() {
     if (comm_ != nullptr && !aborted_) {
-      std::optional<cuda::DeviceGuard> on_device;
-      try {
-        on_device.emplace(device_);
-      } catch (const std::exception&) {
-        // the runtime is failing: abort from wherever we are
-      }
+      cuda::QuietDeviceGuard on_device(device_);  // if the runtime is failing: abort from wherever we are
       (void)ncclCommAbort(comm_);
     }
     aborted_ = true;
@@ -190,11 +184,7 @@ class NcclComm {
     std::lock_guard<std::mutex> lock(mutex_);
     if (comm_ == nullptr) return;
     if (!aborted_) {
-      std::optional<cuda::DeviceGuard> on_device;  // as in abort_locked()
-      try {
-        on_device.emplace(device_);
-      } catch (const std::exception&) {
-      }
+      cuda::QuietDeviceGuard on_device(device_);  // as in abort_locked()
       ncclResult_t result = ncclCommFinalize(comm_);
       for (const auto until = Clock::now() + kFinalizeGrace;
            result == ncclInProgress && Clock::now() < until;) {

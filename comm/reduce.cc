@@ -16,17 +16,12 @@ namespace {
 
 template <typename C>
 inline C combine(C a, C b, ReduceOp op) {
-  if constexpr (std::is_integral_v<C> && std::is_signed_v<C>) {
-    // Integer sums and products wrap around (two's complement), as MPI's and NCCL's do,
-    // instead of being signed overflow, which is undefined behaviour in C++.
-    using U = std::make_unsigned_t<C>;
-    if (op == ReduceOp::kSum || op == ReduceOp::kAvg) return static_cast<C>(static_cast<U>(a) + static_cast<U>(b));
-    if (op == ReduceOp::kProd) return static_cast<C>(static_cast<U>(a) * static_cast<U>(b));
-  }
+  // Integer sums and products wrap around (two's complement), as MPI's and NCCL's do,
+  // instead of being signed overflow, which is undefined behaviour in C++ (dtype.h).
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return a + b;
-    case ReduceOp::kProd: return a * b;
+    case ReduceOp::kAvg: return wrapping_add(a, b);
+    case ReduceOp::kProd: return wrapping_mul(a, b);
     case ReduceOp::kMax: return std::max(a, b);
     case ReduceOp::kMin: return std::min(a, b);
   }

@@ -2,7 +2,9 @@
 //
 // defines: DType, dtype_size, dtype_name, parse_dtype, is_floating_point,
 //          is_reduced_precision_float,
-//          Half/BFloat16 storage types with float conversions, dispatch_dtype.
+//          Half/BFloat16 storage types with float conversions, dispatch_dtype,
+//          saturating_float_to_int and the wrapping_* integer arithmetic that
+//          every CPU and CUDA kernel shares.
 //
 // Half and BFloat16 are 16-bit storage types with the same bit layout as CUDA's
 // __half / __nv_bfloat16 and Eigen::half / Eigen::bfloat16. Arithmetic on them
@@ -76,6 +78,70 @@ constexpr I saturating_float_to_int(F v) {
   if (v >= kLimit) return std::numeric_limits<I>::max();
   if (v <= -kLimit) return std::numeric_limits<I>::min();
   return static_cast<I>(v);
+}
+
+// Two's-complement arithmetic: for signed integers, add/sub/mul/neg wrap around on
+// overflow (INT_MAX + 1 == INT_MIN, -INT_MIN == INT_MIN), as PyTorch, numpy, MPI and
+// NCCL give, instead of being undefined behaviour (which the optimizer may exploit).
+// The work is done in the unsigned type, where wrap-around is defined. For any other
+// T they are the plain operators, so a kernel templated on the element type calls
+// them for every dtype. One definition for the CPU elementwise, reduction and
+// collective kernels and their CUDA counterparts (constexpr: device code may call it).
+template <typename T>
+constexpr bool kWrapsInUnsigned = std::is_integral_v<T> && std::is_signed_v<T>;
+
+template <typename T>
+constexpr T wrapping_add(T a, T b) {
+  if constexpr (kWrapsInUnsigned<T>) {
+    using U = std::make_unsigned_t<T>;
+    static_assert(sizeof(U) >= sizeof(unsigned), "narrow types would promote back to int");
+    return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+  } else {
+    return a + b;
+  }
+}
+
+template <typename T>
+constexpr T wrapping_sub(T a, T b) {
+  if constexpr (kWrapsInUnsigned<T>) {
+    using U = std::make_unsigned_t<T>;
+    static_assert(sizeof(U) >= sizeof(unsigned), "narrow types would promote back to int");
+    return static_cast<T>(static_cast<U>(a) - static_cast<U>(b));
+  } else {
+    return a - b;
+  }
+}
+
+template <typename T>
+constexpr T wrapping_mul(T a, T b) {
+  if constexpr (kWrapsInUnsigned<T>) {
+    using U = std::make_unsigned_t<T>;
+    static_assert(sizeof(U) >= sizeof(unsigned), "narrow types would promote back to int");
+    return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+  } else {
+    return a * b;
+  }
+}
+
+template <typename T>
+constexpr T wrapping_neg(T v) {
+  return wrapping_sub(T(0), v);
+}
+
+// |v|, with |INT_MIN| == INT_MIN as in PyTorch and numpy.
+template <typename T>
+constexpr T wrapping_abs(T v) {
+  return v < T(0) ? wrapping_neg(v) : v;
+}
+
+// Integer a / b with b != 0 (the caller checks): a / -1 is negation, so INT_MIN / -1 wraps
+// to INT_MIN instead of trapping (SIGFPE on x86).
+template <typename T>
+constexpr T wrapping_div(T a, T b) {
+  if constexpr (kWrapsInUnsigned<T>) {
+    if (b == T(-1)) return wrapping_neg(a);
+  }
+  return a / b;
 }
 
 // The C++ type stored for each DType.

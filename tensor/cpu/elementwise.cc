@@ -126,14 +126,6 @@ void unary_contiguous(UnaryOp op, const C* x, C* y, int64_t n) {
   }
 }
 
-// Two's-complement negation without signed overflow: -INT_MIN wraps to INT_MIN (as in
-// PyTorch and numpy) instead of being undefined behaviour.
-template <typename T>
-inline T wrapping_neg(T v) {
-  using U = std::make_unsigned_t<T>;
-  return static_cast<T>(U(0) - static_cast<U>(v));
-}
-
 template <typename T>
 void unary_integer(UnaryOp op, const T* x, int64_t xs, T* y, int64_t n) {
   switch (op) {
@@ -141,7 +133,7 @@ void unary_integer(UnaryOp op, const T* x, int64_t xs, T* y, int64_t n) {
       for (int64_t i = 0; i < n; ++i) y[i] = wrapping_neg(x[i * xs]);
       break;
     case UnaryOp::kAbs:
-      for (int64_t i = 0; i < n; ++i) y[i] = x[i * xs] < 0 ? wrapping_neg(x[i * xs]) : x[i * xs];
+      for (int64_t i = 0; i < n; ++i) y[i] = wrapping_abs(x[i * xs]);
       break;
     case UnaryOp::kRelu:
       for (int64_t i = 0; i < n; ++i) y[i] = x[i * xs] < 0 ? T(0) : x[i * xs];
@@ -192,26 +184,13 @@ void unary_typed(UnaryOp op, const Tensor& in, const Tensor& out) {
 // ---------------------------------------------------------------- binary
 
 // Integer add/sub/mul/div wrap around (two's complement) as in PyTorch and numpy, computed
-// without signed overflow (undefined behaviour; INT_MIN / -1 even traps with SIGFPE on x86).
+// without signed overflow (wrapping_* in dtype.h; INT_MIN / -1 would even trap on x86).
 template <BinaryOp OP, typename C>
 inline C binop(C a, C b) {
-  if constexpr (std::is_integral_v<C> &&
-                (OP == BinaryOp::kAdd || OP == BinaryOp::kSub || OP == BinaryOp::kMul)) {
-    using U = std::make_unsigned_t<C>;
-    const U ua = static_cast<U>(a), ub = static_cast<U>(b);
-    if constexpr (OP == BinaryOp::kAdd) return static_cast<C>(ua + ub);
-    else if constexpr (OP == BinaryOp::kSub) return static_cast<C>(ua - ub);
-    else return static_cast<C>(ua * ub);
-  }
-  else if constexpr (OP == BinaryOp::kAdd) return a + b;
-  else if constexpr (OP == BinaryOp::kSub) return a - b;
-  else if constexpr (OP == BinaryOp::kMul) return a * b;
-  else if constexpr (OP == BinaryOp::kDiv) {
-    // Integer zero divisors are checked by the caller; x / -1 is negation (INT_MIN / -1 wraps
-    // to INT_MIN).
-    if constexpr (std::is_integral_v<C>) return b == C(-1) ? wrapping_neg(a) : a / b;
-    else return a / b;
-  }
+  if constexpr (OP == BinaryOp::kAdd) return wrapping_add(a, b);
+  else if constexpr (OP == BinaryOp::kSub) return wrapping_sub(a, b);
+  else if constexpr (OP == BinaryOp::kMul) return wrapping_mul(a, b);
+  else if constexpr (OP == BinaryOp::kDiv) return wrapping_div(a, b);  // zero divisors: checked by the caller
   else if constexpr (OP == BinaryOp::kPow) {
     if constexpr (std::is_integral_v<C>) {
       // Saturates at the dtype's range (see saturating_float_to_int in dtype.h).

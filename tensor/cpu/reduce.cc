@@ -65,11 +65,8 @@ constexpr A identity() {
 
 template <ReduceOp OP, typename A>
 inline A combine(A s, A v) {
-  if constexpr (OP == ReduceOp::kSum && std::is_integral_v<A>) {
-    // Integer sums wrap around in int64 (two's complement) instead of overflowing (UB).
-    return static_cast<A>(static_cast<std::make_unsigned_t<A>>(s) + static_cast<std::make_unsigned_t<A>>(v));
-  }
-  else if constexpr (OP == ReduceOp::kSum) return s + v;
+  // Integer sums wrap around in int64 (two's complement) instead of overflowing (UB).
+  if constexpr (OP == ReduceOp::kSum) return wrapping_add(s, v);
   else if constexpr (OP == ReduceOp::kMax) return (s != s) ? s : ((v > s || v != v) ? v : s);
   else return (s != s) ? s : ((v < s || v != v) ? v : s);
 }

@@ -88,6 +88,8 @@ Stream current_stream(int) { no_cuda("cuda::current_stream"); }
 void set_current_stream(const Stream&) { no_cuda("cuda::set_current_stream"); }
 DeviceGuard::DeviceGuard(int) { no_cuda("cuda::DeviceGuard"); }
 DeviceGuard::~DeviceGuard() = default;
+QuietDeviceGuard::QuietDeviceGuard(int) noexcept {}  // ok() stays false
+QuietDeviceGuard::~QuietDeviceGuard() = default;
 StreamGuard::StreamGuard(const Stream&) { no_cuda("StreamGuard"); }
 StreamGuard::~StreamGuard() = default;
 

@@ -89,8 +89,9 @@ template <UnaryOp kOp, typename T>
 __device__ __forceinline__ T apply_unary(T v) {
   using A = AccType<T>;
   if constexpr (std::is_integral_v<A>) {
-    if constexpr (kOp == UnaryOp::kNeg) return static_cast<T>(-v);
-    else if constexpr (kOp == UnaryOp::kAbs) return v < 0 ? static_cast<T>(-v) : v;
+    // Two's complement as on the CPU: -INT_MIN == |INT_MIN| == INT_MIN (dtype.h).
+    if constexpr (kOp == UnaryOp::kNeg) return wrapping_neg(v);
+    else if constexpr (kOp == UnaryOp::kAbs) return wrapping_abs(v);
     else if constexpr (kOp == UnaryOp::kRelu) return v < 0 ? T(0) : v;
     else if constexpr (kOp == UnaryOp::kIsFinite) return T(1);
     else return static_cast<T>(unary_float<kOp, double>(static_cast<double>(v)));
@@ -101,15 +102,13 @@ __device__ __forceinline__ T apply_unary(T v) {
 
 template <BinaryOp kOp, typename A>
 __device__ __forceinline__ A apply_binary(A a, A b) {
-  if constexpr (kOp == BinaryOp::kAdd) return a + b;
-  else if constexpr (kOp == BinaryOp::kSub) return a - b;
-  else if constexpr (kOp == BinaryOp::kMul) return a * b;
+  // Integer add/sub/mul/div wrap around as on the CPU (wrapping_* in dtype.h); an integer
+  // division by zero gives 0 (a kernel cannot throw; ops.h documents it).
+  if constexpr (kOp == BinaryOp::kAdd) return wrapping_add(a, b);
+  else if constexpr (kOp == BinaryOp::kSub) return wrapping_sub(a, b);
+  else if constexpr (kOp == BinaryOp::kMul) return wrapping_mul(a, b);
   else if constexpr (kOp == BinaryOp::kDiv) {
-    // INT_MIN / -1 wraps to INT_MIN as on the CPU (negation through unsigned: no overflow).
-    if constexpr (std::is_integral_v<A>)
-      return b == 0 ? A(0)
-                    : b == A(-1) ? static_cast<A>(std::make_unsigned_t<A>(0) - static_cast<std::make_unsigned_t<A>>(a))
-                                 : a / b;
+    if constexpr (std::is_integral_v<A>) return b == 0 ? A(0) : wrapping_div(a, b);
     else return a / b;
   } else if constexpr (kOp == BinaryOp::kPow) {
     if constexpr (std::is_integral_v<A>)

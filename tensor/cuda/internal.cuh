@@ -1,8 +1,7 @@
 // internal.cuh: host-side helpers shared by the CUDA translation units of the
 // tensor library (runtime.cc, caching_allocator.cc and the *.cu kernel files).
 //
-// defines: DeviceGuard (runtime.h's, set the current CUDA device for a scope),
-//          QuietDeviceGuard (the same, for code that must not throw),
+// defines: DeviceGuard, QuietDeviceGuard (runtime.h's, under detail:: names),
 //          raw_stream(device) (the cudaStream_t that ops launch on),
 //          require_cuda(op, device) (a clear error when no GPU is usable),
 //          cuda_device_of(tensor...) (the device index of CUDA operands).
@@ -22,25 +21,9 @@
 
 namespace ringtrain::cuda::detail {
 
-// The public guard (runtime.h), under the name the kernel files use.
+// The public guards (runtime.h), under the names the kernel files use.
 using DeviceGuard = ::ringtrain::cuda::DeviceGuard;
-
-// DeviceGuard for code that must not throw (the allocators' DataPtr deleters): it
-// sets the device if it can, ok() says whether it did, and it restores the
-// previous device under DeviceGuard's rule (only one that has a context).
-class QuietDeviceGuard {
- public:
-  explicit QuietDeviceGuard(int index) noexcept;
-  ~QuietDeviceGuard();
-  QuietDeviceGuard(const QuietDeviceGuard&) = delete;
-  QuietDeviceGuard& operator=(const QuietDeviceGuard&) = delete;
-  bool ok() const { return ok_; }
-
- private:
-  int previous_ = 0;
-  int current_ = 0;
-  bool ok_ = false;
-};
+using QuietDeviceGuard = ::ringtrain::cuda::QuietDeviceGuard;
 
 // Throws ringtrain::Error naming `op` when CUDA is unusable or `device` is out of range.
 inline void require_cuda(const char* op, int device) {

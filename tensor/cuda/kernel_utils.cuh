@@ -65,15 +65,9 @@ __host__ __device__ __forceinline__ To convert(From v) {
   } else if constexpr (std::is_same_v<To, __nv_bfloat16>) {
     return __float2bfloat16_rn(static_cast<float>(v));
   } else if constexpr (std::is_integral_v<To> && std::is_floating_point_v<From>) {
-    // As saturating_float_to_int (dtype.h) on the CPU: NaN -> 0, out of range saturates.
-    // (Device code already does this in cvt.rzi; the branch makes host code agree and defined.)
-    using U = std::make_unsigned_t<To>;
-    const To max = static_cast<To>(U(~U(0)) >> 1);  // 2^(bits-1) - 1
-    const From limit = static_cast<From>(max / 2 + 1) * From(2);  // 2^(bits-1), exact
-    if (v != v) return To(0);
-    if (v >= limit) return max;
-    if (v <= -limit) return static_cast<To>(-max - 1);
-    return static_cast<To>(v);
+    // The CPU's conversion (dtype.h): NaN -> 0, out of range saturates. Device code's
+    // cvt.rzi already does this; calling it makes host code agree and defined.
+    return saturating_float_to_int<To>(v);
   } else {
     return static_cast<To>(v);
   }

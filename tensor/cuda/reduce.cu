@@ -72,7 +72,7 @@ struct Combine {
   }
   __device__ __forceinline__ R operator()(R a, R b) const {
     if constexpr (kOp == ReduceOp::kSum) {
-      return a + b;
+      return wrapping_add(a, b);  // integer sums wrap in int64, as on the CPU (dtype.h)
     } else {
       if (is_nan(a)) return a;
       if (is_nan(b)) return b;

@@ -315,8 +315,6 @@ DeviceGuard::~DeviceGuard() {
   if (previous_ != current_ && has_primary_context(previous_)) (void)cudaSetDevice(previous_);
 }
 
-namespace detail {
-
 QuietDeviceGuard::QuietDeviceGuard(int index) noexcept {
   if (cudaGetDevice(&previous_) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -330,8 +328,6 @@ QuietDeviceGuard::QuietDeviceGuard(int index) noexcept {
 QuietDeviceGuard::~QuietDeviceGuard() {
   if (previous_ != current_ && has_primary_context(previous_)) (void)cudaSetDevice(previous_);
 }
-
-}  // namespace detail
 
 StreamGuard::StreamGuard(const Stream& stream) : device_(stream.device()) {
   previous_ = current_stream(device_).handle();

@@ -1,7 +1,7 @@
 // runtime.h: CUDA devices, streams, events and the caching allocator, as plain C++
 // types that compile without CUDA headers.
 //
-// defines: is_available, device_count, DeviceGuard, Stream, Event, current_stream /
+// defines: is_available, device_count, DeviceGuard, QuietDeviceGuard, Stream, Event, current_stream /
 //          set_current_stream / StreamGuard, CachingAllocator entry points.
 //
 // Handles are stored as opaque pointers so that code which never touches a GPU
@@ -52,6 +52,23 @@ class DeviceGuard {
  private:
   int previous_ = 0;
   int current_ = 0;
+};
+
+// DeviceGuard for code that must not throw (destructors, deleters, abort paths): it
+// sets the device if it can, ok() says whether it did, and it restores the previous
+// device under DeviceGuard's rule. Without CUDA it does nothing and ok() is false.
+class QuietDeviceGuard {
+ public:
+  explicit QuietDeviceGuard(int index) noexcept;
+  ~QuietDeviceGuard();
+  QuietDeviceGuard(const QuietDeviceGuard&) = delete;
+  QuietDeviceGuard& operator=(const QuietDeviceGuard&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  int previous_ = 0;
+  int current_ = 0;
+  bool ok_ = false;
 };
 
 class Stream {

@@ -397,6 +397,11 @@ TEST(Engine, CastToAnIntegerDtypeIsNotDifferentiable) {
   // Casts between floating dtypes stay differentiable.
   Tensor d = ag::to(x, DType::kFloat64);
   EXPECT_TRUE(autograd::requires_grad(d));
+  // The rule is record()'s, so any op with an integer result obeys it, not only to().
+  Tensor r = autograd::record("round_to_int", {x}, x.to(DType::kInt32), {},
+                              [](const Tensor& g, autograd::BackwardContext&) { return std::vector<Tensor>{g}; });
+  EXPECT_FALSE(autograd::requires_grad(r));
+  EXPECT_FALSE(autograd::grad_fn(r));
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 //
 // Label: cuda. Without a usable GPU every test skips with the runtime's reason.
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <string>
 #include <vector>
@@ -104,6 +105,30 @@ TEST_F(CudaTest, IntegerArithmeticIsExact) {
     EXPECT_TRUE(expect_matches_cpu(abs(a), abs(ac), {0, 0}));
     EXPECT_TRUE(expect_matches_cpu(relu(a), relu(ac), {0, 0}));
     EXPECT_TRUE(expect_matches_cpu(mul(a, 3.0), mul(ac, 3.0), {0, 0}));
+  }
+}
+
+// Overflow wraps around (two's complement) on both devices: the CUDA kernels share the
+// CPU's wrapping_* helpers (dtype.h), so the results agree bit for bit. The CPU's values
+// themselves are checked in errors_test (Misuse.IntegerOverflowWrapsAround).
+TEST_F(CudaTest, IntegerOverflowWrapsAsOnTheCpu) {
+  const int32_t max32 = std::numeric_limits<int32_t>::max(), min32 = std::numeric_limits<int32_t>::min();
+  const int64_t max64 = std::numeric_limits<int64_t>::max(), min64 = std::numeric_limits<int64_t>::min();
+  const Tensor inputs[][2] = {
+      {Tensor::from_vector<int32_t>({max32, min32, min32, 65536, -7}, {5}),
+       Tensor::from_vector<int32_t>({1, -1, 1, 65536, -1}, {5})},
+      {Tensor::from_vector<int64_t>({max64, min64, min64, int64_t{1} << 32, -7}, {5}),
+       Tensor::from_vector<int64_t>({1, -1, 1, int64_t{1} << 32, -1}, {5})}};
+  for (const auto& [ac, bc] : inputs) {
+    SCOPED_TRACE(dtype_name(ac.dtype()));
+    Tensor a = ac.to(kCuda), b = bc.to(kCuda);
+    using BinaryFn = Tensor (*)(const Tensor&, const Tensor&);
+    for (BinaryFn fn : std::initializer_list<BinaryFn>{&add, &sub, &mul, &div}) {
+      EXPECT_TRUE(expect_matches_cpu(fn(a, b), fn(ac, bc), {0, 0}));
+    }
+    EXPECT_TRUE(expect_matches_cpu(neg(a), neg(ac), {0, 0}));
+    EXPECT_TRUE(expect_matches_cpu(abs(a), abs(ac), {0, 0}));
+    EXPECT_TRUE(expect_matches_cpu(sum(a.narrow(0, 0, 1).expand({3})), sum(ac.narrow(0, 0, 1).expand({3})), {0, 0}));
   }
 }
 

@@ -101,6 +101,9 @@ TEST(CudaUnavailable, GpuRequestsFailWithTheReason) {
   EXPECT_TRUE(throws_with([] { Tensor::empty({2}, DType::kFloat32, Device::cuda()); }, {reason}));
   EXPECT_TRUE(throws_with([] { ones({2}).to(Device::cuda()); }, {reason}));
   EXPECT_TRUE(throws_with([] { cuda::Stream::create(0); }, {"Stream::create", reason}));
+  EXPECT_TRUE(throws_with([] { cuda::DeviceGuard on_gpu(0); }, {"DeviceGuard", reason}));
+  cuda::QuietDeviceGuard quiet(0);  // must not throw: it runs in destructors and abort paths
+  EXPECT_FALSE(quiet.ok());
   // Asking is fine: the allocator reports nothing held.
   EXPECT_EQ(cuda::allocator_stats(0).cuda_malloc_calls, 0u);
   // Pinned host memory falls back to ordinary aligned memory.
@@ -165,6 +168,20 @@ TEST_F(CudaTest, MemcpyBytesCoversEveryDirection) {
     EXPECT_EQ(b.device(), Device::cuda(1));
     EXPECT_TRUE(expect_equal(b, to_ref(a)));
   }
+}
+
+TEST_F(CudaTest, QuietDeviceGuardSaysWhetherItCouldSetTheDevice) {
+  {
+    cuda::QuietDeviceGuard on_gpu(0);
+    EXPECT_TRUE(on_gpu.ok());
+  }
+  // A device that does not exist: no throw (it guards destructors and abort paths),
+  // ok() is false, and the thread can still use its GPU afterwards.
+  {
+    cuda::QuietDeviceGuard missing(cuda::device_count());
+    EXPECT_FALSE(missing.ok());
+  }
+  EXPECT_EQ(ones({3}, DType::kFloat32, kCuda).to_vector<float>(), (std::vector<float>{1, 1, 1}));
 }
 
 // ---------------------------------------------------------------- streams and events
