@@ -140,8 +140,10 @@ class ProcessGroup {
   // group has mapped (symmetric_memory.h). An allreduce whose buffer lies inside it
   // runs by direct loads and stores, with no copies through a transport. nullptr
   // when this group cannot share memory (mpi and nccl backends, ranks on several
-  // hosts, RINGTRAIN_TRANSPORT=tcp): callers fall back to ordinary memory.
-  virtual std::shared_ptr<SymmetricBuffer> allocate_symmetric(size_t bytes) { return nullptr; }
+  // hosts, RINGTRAIN_TRANSPORT=tcp), and on every rank when some rank could not
+  // create its share (/dev/shm full: a warning says so): callers fall back to
+  // ordinary memory.
+  virtual std::shared_ptr<SymmetricBuffer> allocate_symmetric(size_t /*bytes*/) { return nullptr; }
 
   // Fails this group on purpose (e.g. the caller caught an exception it cannot
   // recover from): publishes `reason` so the peers fail with it, not a timeout.

@@ -15,6 +15,7 @@
 #include "comm/cuda_ipc_allreduce.h"
 #include "comm/launch_env.h"
 #include "comm/ring_algorithms.h"
+#include "comm/shm_segment.h"
 #include "comm/symmetric_memory.h"
 #include "comm/transport.h"
 
@@ -53,8 +54,16 @@ class RingProcessGroup final : public ProcessGroup {
   std::shared_ptr<SymmetricBuffer> allocate_symmetric(size_t bytes) override {
     if (!mesh_.all_shared_memory()) return nullptr;
     std::string key = detail::concat(context().prefix, "/symmetric/", symmetric_count_++);
-    auto buffer = SymmetricBuffer::allocate(mesh_, store(), key, bytes,
-                                            Clock::now() + options().timeout);
+    std::shared_ptr<SymmetricBuffer> buffer;
+    try {
+      buffer = SymmetricBuffer::allocate(mesh_, store(), key, bytes, Clock::now() + options().timeout);
+    } catch (const ShmCreateError& e) {
+      // Every rank of the group gets this same error (share_shm_segments), so all of
+      // them fall back together, to private memory and the ring.
+      std::fprintf(stderr, "ringtrain: warning: no symmetric memory for %zu bytes, using private memory: %s\n",
+                   bytes, e.what());
+      return nullptr;
+    }
     std::lock_guard<std::mutex> lock(symmetric_mutex_);
     std::erase_if(symmetric_, [](const auto& weak) { return weak.expired(); });
     symmetric_.push_back(buffer);

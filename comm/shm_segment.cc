@@ -36,6 +36,22 @@ ShmSegment::ShmSegment(const std::string& name, size_t bytes, bool create)
     throw CommError(detail::concat("cannot size shared memory segment ", name, " to ", bytes,
                                    " bytes: ", std::strerror(err), " (is /dev/shm full?)"));
   }
+  // tmpfs hands out pages only when they are first touched; without this, a full
+  // /dev/shm (a container's default is 64 MiB) kills the process with SIGBUS at
+  // its first write into the segment, with no message at all.
+  if (create) {
+    int err = 0;
+    do {
+      err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+    } while (err == EINTR);
+    if (err != 0) {
+      shm_unlink(name.c_str());
+      throw CommError(detail::concat(
+          "cannot reserve ", bytes, " bytes of shared memory for segment ", name, ": ", std::strerror(err),
+          " (/dev/shm is full or too small: see `df -h /dev/shm`; in a container raise it, e.g. "
+          "docker run --shm-size=2g)"));
+    }
+  }
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) {
     int err = errno;
@@ -57,14 +73,36 @@ std::vector<std::shared_ptr<ShmSegment>> share_shm_segments(
     const std::string& name, size_t bytes, std::chrono::milliseconds timeout, const char* what,
     const char* fix) {
   std::vector<std::shared_ptr<ShmSegment>> segments(group_size);
-  // 1. ours, zero-filled by ftruncate
-  segments[rank] = std::make_shared<ShmSegment>(name, bytes, /*create=*/true);
+  // 1. ours, zero-filled, its pages reserved. A rank that cannot create it publishes
+  //    why in place of its name, so that every rank fails now, the same way.
+  std::string create_error;
   try {
-    store.set(detail::concat(key, "/", rank), nlohmann::json{{"name", name}, {"bytes", bytes}}.dump());
-    // 2. everyone else's: same size, then map it
+    segments[rank] = std::make_shared<ShmSegment>(name, bytes, /*create=*/true);
+  } catch (const CommError& e) {
+    create_error = e.what();
+  }
+  try {
+    store.set(detail::concat(key, "/", rank),
+              create_error.empty() ? nlohmann::json{{"name", name}, {"bytes", bytes}}.dump()
+                                   : nlohmann::json{{"error", create_error}}.dump());
+    // 2. everyone else's entry; any rank's creation failure fails all of them
+    std::vector<nlohmann::json> entries(group_size);
+    std::string failed = create_error.empty() ? "" : detail::concat("rank ", rank, ": ", create_error);
     for (int r : members) {
       if (r == rank) continue;
-      auto entry = nlohmann::json::parse(store.get(detail::concat(key, "/", r), timeout));
+      entries[r] = nlohmann::json::parse(store.get(detail::concat(key, "/", r), timeout));
+      if (failed.empty() && entries[r].contains("error")) {
+        failed = detail::concat("rank ", r, ": ", entries[r]["error"].get<std::string>());
+      }
+    }
+    if (!failed.empty()) {
+      throw ShmCreateError(detail::concat(what, ": a rank could not create its shared memory segment (",
+                                          failed, ")"));
+    }
+    // then the same size everywhere, and map them
+    for (int r : members) {
+      if (r == rank) continue;
+      const nlohmann::json& entry = entries[r];
       const size_t theirs = entry["bytes"].get<size_t>();
       if (theirs != bytes) {
         throw CommError(detail::concat(what, ": rank ", rank, "'s shared memory segment has ", bytes,
@@ -77,7 +115,7 @@ std::vector<std::shared_ptr<ShmSegment>> share_shm_segments(
     store.add(key + "/mapped", 1);
     store.wait_at_least(key + "/mapped", static_cast<int64_t>(members.size()), timeout);
   } catch (...) {
-    shm_unlink(name.c_str());
+    if (segments[rank]) shm_unlink(name.c_str());  // not a name we failed to create
     throw;
   }
   shm_unlink(name.c_str());

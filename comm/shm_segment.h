@@ -2,8 +2,9 @@
 //
 // Used by the shared-memory transport (one inbox segment per rank, see
 // shm_transport.cc) and by symmetric memory (symmetric_memory.cc). The creator
-// makes it with O_EXCL and sizes it (ftruncate zero-fills it); peers open it by
-// name. The name can be unlinked as soon as every peer has mapped it: the mapping
+// makes it with O_EXCL, sizes it (ftruncate zero-fills it) and reserves its pages
+// (posix_fallocate: tmpfs reserves nothing at ftruncate, so a full /dev/shm would
+// otherwise show up as a SIGBUS at the first write); peers open it by name. The name can be unlinked as soon as every peer has mapped it: the mapping
 // lives until the last process unmaps it, so a crash leaves nothing in /dev/shm.
 #pragma once
 
@@ -13,7 +14,17 @@
 #include <string>
 #include <vector>
 
+#include "comm/types.h"
+
 namespace ringtrain::comm {
+
+// Some member of a share_shm_segments() call could not create its segment (most
+// often: /dev/shm is full or too small). Every member throws it, naming that rank
+// and why, so a caller with a fallback (symmetric memory) can take it on every rank.
+class ShmCreateError : public CommError {
+ public:
+  using CommError::CommError;
+};
 
 class ShmSegment {
  public:
@@ -40,8 +51,10 @@ class Store;
 //   3. once every member has mapped every segment (a counter under `key`), each
 //      unlinks its own name, so a crash from then on leaves nothing in /dev/shm.
 // Sizes must agree: otherwise every member throws "<what>: rank A's shared memory
-// segment has X bytes but rank B's has Y; <fix>". Returns the segments indexed by group rank (nullptr for
-// ranks that are not members).
+// segment has X bytes but rank B's has Y; <fix>". A member that cannot create its
+// segment publishes why instead of its name, and then every member throws
+// ShmCreateError with that reason (none waits for a name that will never come).
+// Returns the segments indexed by group rank (nullptr for ranks that are not members).
 std::vector<std::shared_ptr<ShmSegment>> share_shm_segments(
     Store& store, const std::string& key, int rank, int group_size, const std::vector<int>& members,
     const std::string& name, size_t bytes, std::chrono::milliseconds timeout, const char* what,

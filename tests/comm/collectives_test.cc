@@ -19,6 +19,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sys/statvfs.h>
+
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -291,6 +293,34 @@ TEST(Symmetric, MismatchedRegionsAreNamed) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("every rank must pass the same region"));
     EXPECT_THAT(e.what(), ::testing::HasSubstr("offset 64"));
   }
+  g_pg->barrier().wait();
+}
+
+// More symmetric memory than /dev/shm holds (a container's small /dev/shm): every rank
+// gets nullptr (and falls back) instead of SIGBUS at the first write or a hang, and the
+// group goes on working. Needs a small /dev/shm (comm.symmetric.small_dev_shm_np2 runs
+// it in a private 8 MiB one); on a large one it would have to fill it, so it skips.
+TEST(Symmetric, MoreThanDevShmHoldsFallsBackOnEveryRank) {
+  if (g_backend != "ring" || std::getenv("RINGTRAIN_TRANSPORT")) GTEST_SKIP() << "ring over shm only";
+  struct statvfs fs {};
+  ASSERT_EQ(statvfs("/dev/shm", &fs), 0);
+  const size_t free_bytes = static_cast<size_t>(fs.f_bavail) * fs.f_frsize;
+  // The same decision on every rank: rank 0's view of the free space.
+  int64_t shared_free = static_cast<int64_t>(free_bytes);
+  g_pg->broadcast({&shared_free, 1, DType::kInt64, Device::cpu()}, 0).wait();
+  if (shared_free > (int64_t{256} << 20)) {
+    GTEST_SKIP() << "/dev/shm has " << (shared_free >> 20) << " MiB free; run in a small one "
+                 << "(ctest -R small_dev_shm)";
+  }
+  auto sub = g_pg->split(0, g_pg->rank());
+  EXPECT_EQ(sub->allocate_symmetric(static_cast<size_t>(shared_free) + (size_t{1} << 20)), nullptr);
+  auto small = sub->allocate_symmetric(4096);
+  ASSERT_NE(small, nullptr);
+  float* data = static_cast<float*>(small->data());
+  for (int i = 0; i < 1000; ++i) data[i] = static_cast<float>(sub->rank() + 1);
+  sub->allreduce({data, 1000, DType::kFloat32, Device::cpu()}).wait(30s);
+  const int n = sub->size();
+  EXPECT_EQ(data[999], static_cast<float>(n * (n + 1) / 2));
   g_pg->barrier().wait();
 }
 
