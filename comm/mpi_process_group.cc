@@ -178,8 +178,13 @@ class MpiProcessGroup final : public ProcessGroup {
   }
 
  private:
-  // Polls the request: spin a little (latency), then yield the core.
+  // Polls the request: spin a little (latency), then yield the core. Every
+  // kMemberCheck it also looks in the store for a member that failed (one that threw,
+  // or aborted this group, stays alive and never joins this collective: MPI would
+  // wait for it until the deadline), and then gives up with that member's reason.
   void wait(MPI_Request& request, const Collective& c, Deadline deadline) {
+    constexpr auto kMemberCheck = std::chrono::milliseconds(500);
+    auto next_check = Clock::now() + kMemberCheck;
     for (uint64_t round = 0;; ++round) {
       int done = 0;
       {
@@ -188,13 +193,21 @@ class MpiProcessGroup final : public ProcessGroup {
       }
       if (done) return;
       if (round > 1000) std::this_thread::yield();
-      if ((round & 255) == 0 && Clock::now() >= deadline) {
+      if ((round & 255) != 0) continue;
+      const auto now = Clock::now();
+      if (now >= deadline) {
         throw CommTimeoutError(detail::concat(
             "MPI request of ", describe(c), " did not complete before the deadline (MPI cannot "
             "cancel it; this group is unusable)"));
       }
+      if (now >= next_check) {
+        throw_if_member_failed(describe(c));  // PeerLostError; explain_failure quotes the member
+        next_check = now + kMemberCheck;
+      }
     }
   }
+  // A request given up on stays active inside MPI (it cannot be cancelled).
+  bool may_write_after_giving_up() const override { return true; }
 
   MpiComm comm_;
 };

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <nlohmann/json.hpp>
 
@@ -15,7 +16,34 @@ using nlohmann::json;
 namespace {
 
 // Store key under which world rank r publishes why it failed.
+// The error records a rank published, a list in the store (a rank may fail in a
+// sub-group and later, for another reason, in the world group):
+//   rt/error/<world rank>/count, rt/error/<world rank>/<0..count-1>.
 std::string error_key(int world_rank) { return "rt/error/" + std::to_string(world_rank); }
+
+// Whether a published error record concerns the group with store prefix `prefix`:
+// records without a group (the process died) concern every group; a group's own
+// record concerns it and the groups split from it (their prefixes extend its one).
+bool record_concerns(const json& record, const std::string& prefix) {
+  if (!record.contains("group")) return true;
+  const std::string group = record["group"].get<std::string>();
+  return prefix.compare(0, group.size(), group) == 0;
+}
+
+// The first record world rank `world_rank` published that concerns the group with
+// store prefix `prefix` (its first explanation there is the one that counts).
+std::optional<json> first_error_record(Store& store, int world_rank, const std::string& prefix) {
+  const std::optional<std::string> count = store.try_get(error_key(world_rank) + "/count");
+  if (!count) return std::nullopt;
+  for (int64_t i = 0, n = std::stoll(*count); i < n; ++i) {
+    // The count goes up before the record lands: a missing one is still being written.
+    const std::optional<std::string> text = store.try_get(detail::concat(error_key(world_rank), "/", i));
+    if (!text) continue;
+    json record = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    if (record.is_object() && record_concerns(record, prefix)) return record;
+  }
+  return std::nullopt;
+}
 
 }  // namespace
 
@@ -67,9 +95,9 @@ void ProcessGroup::wait_for_survivors(const std::string& key) {
     // ranks known to be gone: named dead by a peer, or dead of an uncaught exception
     std::vector<bool> gone(context_.size, false);
     for (int r = 0; r < context_.size; ++r) {
-      auto text = context_.store->try_get(error_key(context_.world_ranks[r]));
-      if (!text) continue;
-      json record = json::parse(*text);
+      std::optional<json> found = first_error_record(*context_.store, context_.world_ranks[r], context_.prefix);
+      if (!found) continue;
+      const json& record = *found;
       if (record["kind"] == "exception" &&
           record["message"].get<std::string>().rfind("uncaught exception", 0) == 0) {
         gone[r] = true;
@@ -306,7 +334,17 @@ void ProcessGroup::run_staged(const Collective& c, Deadline deadline) {
     host.output.data = output_host.get();
     host.output.device = Device::cpu();
   }
-  run(host, deadline);
+  try {
+    run(host, deadline);
+  } catch (...) {
+    if (may_write_after_giving_up()) {
+      // The backend may still write these after this throw: never free them under it.
+      std::lock_guard<std::mutex> lock(abandoned_mutex_);
+      abandoned_.push_back(std::move(input_host));
+      if (output_host) abandoned_.push_back(std::move(output_host));
+    }
+    throw;
+  }
   if (is_in_place(c.op)) copy_host_to_device(c.input.data, host.input.data, c.input.nbytes(), device);
   if (uses_output(c.op)) {
     copy_host_to_device(c.output.data, host.output.data, c.output.nbytes(), device);
@@ -374,14 +412,9 @@ void ProcessGroup::throw_if_member_failed(const std::string& what) const {
   for (int r = 0; r < context_.size; ++r) {
     const int world_rank = context_.world_ranks[r];
     if (r == context_.rank) continue;
-    auto record = context_.store->try_get(error_key(world_rank));
-    if (!record) continue;
-    std::string their_message;
-    try {
-      their_message = json::parse(*record).at("message").get<std::string>();
-    } catch (const std::exception&) {
-      their_message = *record;
-    }
+    std::optional<json> record = first_error_record(*context_.store, world_rank, context_.prefix);
+    if (!record) continue;  // none, or it failed only in another group
+    const std::string their_message = record->value("message", record->dump());
     throw PeerLostError(world_rank, detail::concat("rank ", world_rank, " failed while rank ",
                                                    context_.world_rank(), " waited for ", what,
                                                    " (rank ", world_rank, ": ", their_message, ")"));
@@ -426,12 +459,14 @@ void ProcessGroup::fail_with(std::exception_ptr explained) {
 // ---------------------------------------------------------------- failures
 
 void publish_rank_error(Store& store, int world_rank, const std::string& kind,
-                        const std::string& message, int dead_rank) {
+                        const std::string& message, int dead_rank, const std::string& group) {
   try {
     json record{{"rank", world_rank}, {"kind", kind}, {"message", message},
                 {"dead_rank", dead_rank}};
-    // The first explanation a rank publishes is the one that counts.
-    if (!store.try_get(error_key(world_rank))) store.set(error_key(world_rank), record.dump());
+    if (!group.empty()) record["group"] = group;
+    // Appended: readers take the first one that concerns their group.
+    const int64_t index = store.add(error_key(world_rank) + "/count", 1) - 1;
+    store.set(detail::concat(error_key(world_rank), "/", index), record.dump());
   } catch (const std::exception&) {
     // the store itself may be gone (rank 0 died); the local error still stands
   }
@@ -439,7 +474,7 @@ void publish_rank_error(Store& store, int world_rank, const std::string& kind,
 
 void ProcessGroup::publish_error(const std::string& kind, const std::string& message,
                                  int dead_rank) {
-  publish_rank_error(*context_.store, context_.world_rank(), kind, message, dead_rank);
+  publish_rank_error(*context_.store, context_.world_rank(), kind, message, dead_rank, context_.prefix);
 }
 
 std::exception_ptr ProcessGroup::explain_failure(std::exception_ptr error,
@@ -451,8 +486,8 @@ std::exception_ptr ProcessGroup::explain_failure(std::exception_ptr error,
     try {
       for (int world_rank : context_.world_ranks) {
         if (world_rank == me) continue;
-        if (auto text = context_.store->try_get(error_key(world_rank))) {
-          records.push_back(json::parse(*text));
+        if (auto record = first_error_record(*context_.store, world_rank, context_.prefix)) {
+          records.push_back(std::move(*record));
         }
       }
     } catch (const std::exception&) {

@@ -38,6 +38,7 @@
 #include "comm/store.h"
 #include "comm/types.h"
 #include "comm/work.h"
+#include "tensor/storage.h"
 
 namespace ringtrain::comm {
 
@@ -188,6 +189,10 @@ class ProcessGroup {
                                                         int key) = 0;
   // Called once after a failure: close sockets and the like so peers notice now.
   virtual void close_transports() {}
+  // True when a collective that run() gave up on may still write its buffers later
+  // (MPI cannot cancel a started collective): staging buffers are then kept alive
+  // for the life of the group instead of being freed under it.
+  virtual bool may_write_after_giving_up() const { return false; }
   // A member this backend sees gone (its connection closed), as a group rank, or -1.
   // Lets waits in the store (debug mode, split) stop when a peer dies. Callable from
   // any thread; it must not consume data.
@@ -240,12 +245,19 @@ class ProcessGroup {
   bool stopping_ = false;
   bool busy_ = false;                // a collective is executing (comm thread or inline)
   std::thread worker_;
+  // Staging buffers of collectives given up on, kept alive (may_write_after_giving_up).
+  std::mutex abandoned_mutex_;
+  std::vector<DataPtr> abandoned_;
 };
 
 // Publishes why world rank `world_rank` failed, for its peers to report. kind:
 // "exception" (the original error), "peer_lost" (dead_rank died), "peer_failed",
-// "timeout". Best effort: never throws (the store may be gone).
+// "timeout". `group`: the prefix of the group it failed in; the record then concerns
+// that group and the groups split from it, not its parents (a rank that aborted a
+// sub-group still serves the world group). Empty: the whole process failed (an
+// uncaught exception), which concerns every group. Best effort: never throws (the
+// store may be gone).
 void publish_rank_error(Store& store, int world_rank, const std::string& kind,
-                        const std::string& message, int dead_rank = -1);
+                        const std::string& message, int dead_rank = -1, const std::string& group = "");
 
 }  // namespace ringtrain::comm

@@ -326,16 +326,22 @@ void Reducer::finalize_backward() {
   }
   bool complete = std::all_of(buckets_.begin(), buckets_.end(), [](const Bucket& b) { return b.pending == 0; });
   if (!complete) {
-    // Only buckets already launched are waited for, so the ranks' collective
-    // sequences stay matched; the error surfaces at the next iteration.
-    pending_error_ = "DDP: parameter(s) " + unready_parameter_names() +
-                     " received no gradient in the previous backward pass, so their buckets were "
-                     "never reduced. Pass find_unused_parameters=true to DistributedDataParallel if "
-                     "some parameters are legitimately unused, or make sure every parameter takes "
-                     "part in computing the loss.";
+    // A parameter got no gradient and the user did not say that may happen. The
+    // error surfaces at the next iteration (as in PyTorch), naming the parameters.
+    pending_error_ = detail::concat(
+        "DDP: parameter(s) ", unready_parameter_names(), " received no gradient in a backward pass on rank ",
+        group_->rank(), ", so their buckets were never reduced. Pass find_unused_parameters=true to "
+        "DistributedDataParallel if some parameters are legitimately unused, or make sure every parameter "
+        "takes part in computing the loss on every rank.");
+    // Only the buckets launched here are waited for. Another rank may have used those
+    // parameters: it launched a bucket this rank never will and waits for it. So the
+    // group is then aborted with this message: that rank fails now, naming the
+    // parameters, instead of after the collective timeout with a sequence mismatch.
+    // (The group is no longer usable, here or there; the run must be fixed anyway.)
     for (auto& bucket : buckets_)
       if (bucket.launched) bucket.work.wait(group_->options().timeout);
     std::fill(used_since_sync_.begin(), used_since_sync_.end(), false);
+    if (group_->size() > 1) group_->abort(pending_error_);
     return;
   }
   // Step 2: without overlap, everything goes out now (still in index order).

@@ -13,6 +13,7 @@
 // through the ring backend (CUDA IPC on one host) or NCCL).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -29,9 +30,12 @@
 #include "nn/optim.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/ops.h"
+#include "tests/common/expect_error.h"
 
 namespace ringtrain::ddp {
 namespace {
+
+using ringtrain::testing::expect_error;
 
 std::shared_ptr<comm::ProcessGroup> g_world;
 Device g_device = Device::cpu();  // RINGTRAIN_TEST_DEVICE=cuda: Device::cuda(0)
@@ -416,20 +420,40 @@ TEST(DdpMultiRank, ParameterFrozenOnOneRankOnlyIsNamedAtConstruction) {
   }
 }
 
+// (On a sub-group: DDP aborts the group it reduces on, and the world group must live on.)
 TEST(DdpMultiRank, UnusedParameterWithoutTheFlagFailsAtTheNextIterationNamingIt) {
+  auto group = g_world->split(0, g_world->rank());
   Generator gen(17);
   auto model = std::make_shared<TwoBranch>(gen);
-  DistributedDataParallel ddp(model, g_world, DdpOptions{.bucket_cap_bytes = 1, .first_bucket_bytes = 1});
+  DistributedDataParallel ddp(model, group, DdpOptions{.bucket_cap_bytes = 1, .first_bucket_bytes = 1});
   Batch b = rank_slice(global_batch(0));
   autograd::backward(ag::cross_entropy(ddp(b.x), b.y));  // completes; the error is recorded
-  try {
-    ddp(b.x);
-    FAIL() << "expected an error at the next forward";
-  } catch (const Error& e) {
-    std::string msg = e.what();
-    EXPECT_NE(msg.find("unused.weight"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("find_unused_parameters"), std::string::npos) << msg;
+  expect_error([&] { ddp(b.x); }, {"unused.weight", "received no gradient", "find_unused_parameters"});
+  g_world->barrier().wait();
+}
+
+// Only rank 0 uses the branch: it launches that bucket and waits for it, and the other
+// ranks never will. Rank 0 must fail within seconds, naming the parameters (not after
+// the 10-minute collective timeout with a sequence mismatch); the others at their
+// next forward, as above.
+TEST(DdpMultiRank, ParameterUnusedOnSomeRanksOnlyFailsEveryRankNamingIt) {
+  if (g_world->size() < 2) GTEST_SKIP() << "needs a second rank to disagree with";
+  auto group = g_world->split(0, g_world->rank());
+  Generator gen(18);
+  auto model = std::make_shared<TwoBranch>(gen);
+  model->use_unused = g_world->rank() == 0;
+  DistributedDataParallel ddp(model, group, DdpOptions{.bucket_cap_bytes = 1, .first_bucket_bytes = 1});
+  Batch b = rank_slice(global_batch(0));
+  const auto start = std::chrono::steady_clock::now();
+  if (g_world->rank() == 0) {
+    expect_error([&] { autograd::backward(ag::cross_entropy(ddp(b.x), b.y)); },
+                 {"unused.weight", "received no gradient", "on rank "});
+  } else {
+    autograd::backward(ag::cross_entropy(ddp(b.x), b.y));
+    expect_error([&] { ddp(b.x); }, {"unused.weight", "received no gradient"});
   }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
+  g_world->barrier().wait();
 }
 
 TEST(DdpMultiRank, NoSyncAccumulatesLocallyAndReducesTheSum) {
