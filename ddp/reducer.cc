@@ -76,6 +76,7 @@ Reducer::Reducer(std::vector<Tensor> params, std::vector<std::string> names,
   ready_.assign(params_.size(), false);
   used_.assign(params_.size(), false);
   used_since_sync_.assign(params_.size(), false);
+  marked_unused_.assign(params_.size(), false);
   for (size_t i = 0; i < params_.size(); ++i)
     hooks_.push_back(autograd::register_post_accumulate_grad_hook(
         params_[i], [this, i](const Tensor&) { on_gradient_ready(i); }));
@@ -202,12 +203,19 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
     pending_error_.clear();
     throw Error(message);
   }
+  // A backward that launched buckets and then threw never reached finalize_backward:
+  // its collectives may still be running on the comm thread, into bucket memory that
+  // is reset below. Let them end first (a no-op after a finalized step).
+  for (auto& bucket : buckets_)
+    if (bucket.launched) bucket.work.wait(group_->options().timeout);
   expect_hooks_ = sync;
   callback_queued_ = false;
+  unused_to_mark_.clear();
   if (!sync) return;  // no_sync: gradients only accumulate locally in .grad
 
   std::fill(ready_.begin(), ready_.end(), false);
   std::fill(used_.begin(), used_.end(), false);
+  std::fill(marked_unused_.begin(), marked_unused_.end(), false);
   ready_order_.clear();
   next_bucket_ = 0;
   timings_.clear();
@@ -222,10 +230,15 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
   backward_start_ = last_hook_time_ = Clock::now();
   stats_.backward_ms = stats_.backward_compute_ms = stats_.comm_wait_ms = 0;
 
+  // Parameters that will get no gradient in this backward are found now and marked
+  // ready at its first gradient hook (on_gradient_ready), as PyTorch does: marking them
+  // here could complete a bucket and launch its allreduce from a forward that is never
+  // followed by a backward (an evaluation forward with grad enabled), and the next
+  // forward would reset that bucket under the collective.
   if (options_.static_graph && first_step_done_) {
     // The graph never changes: the parameters unused in step 1 are unused now.
     for (size_t i = 0; i < params_.size(); ++i)
-      if (static_unused_[i]) mark_variable_ready(i, false);
+      if (static_unused_[i]) unused_to_mark_.push_back(i);
   } else if (options_.find_unused_parameters) {
     // Walk the graph from the outputs; a parameter whose AccumulateGrad node is not
     // reachable will get no gradient in this backward, so it is ready right now.
@@ -244,7 +257,7 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
     for (size_t i = 0; i < params_.size(); ++i) {
       auto* m = autograd::meta_or_null(params_[i]);
       auto accumulator = m ? m->grad_accumulator.lock() : nullptr;
-      if (!accumulator || !reachable.count(accumulator.get())) mark_variable_ready(i, false);
+      if (!accumulator || !reachable.count(accumulator.get())) unused_to_mark_.push_back(i);
     }
   }
 }
@@ -260,10 +273,29 @@ void Reducer::on_gradient_ready(size_t index) {
   if (!callback_queued_) {
     autograd::queue_callback([this] { finalize_backward(); });
     callback_queued_ = true;
+    // The first hook of this backward: now the unused parameters count as ready.
+    for (size_t i : unused_to_mark_) {
+      marked_unused_[i] = true;
+      mark_variable_ready(i, false);
+    }
+    unused_to_mark_.clear();
   }
-  RT_CHECK(!ready_[index], "DDP: parameter '", names_[index], "' received a gradient twice in one "
-           "backward pass (was it marked unused by find_unused_parameters, or is backward run twice "
-           "per forward?)");
+  if (ready_[index]) {
+    if (!marked_unused_[index]) {
+      throw Error(detail::concat("DDP: parameter '", names_[index], "' received a gradient twice in one "
+                                 "backward pass (is backward run twice per forward?)"));
+    }
+    if (options_.static_graph) {
+      throw Error(detail::concat(
+          "DDP: parameter '", names_[index], "' received a gradient, but it was unused on this rank in the "
+          "first step and static_graph=true promised the same graph every step. Drop static_graph (use "
+          "find_unused_parameters=true if the set of used parameters changes)."));
+    }
+    throw Error(detail::concat(
+        "DDP: parameter '", names_[index], "' received a gradient, but find_unused_parameters found it "
+        "unreachable from the outputs of the DDP forward. Does the loss use it outside the module's "
+        "forward (a weight penalty on module().parameters(), say)? Compute that inside forward."));
+  }
   last_hook_time_ = Clock::now();
   grad_ready_ms_.emplace_back(index, ms_between(backward_start_, last_hook_time_));
   mark_variable_ready(index, true);
@@ -330,9 +362,13 @@ void Reducer::finalize_backward() {
     // error surfaces at the next iteration (as in PyTorch), naming the parameters.
     pending_error_ = detail::concat(
         "DDP: parameter(s) ", unready_parameter_names(), " received no gradient in a backward pass on rank ",
-        group_->rank(), ", so their buckets were never reduced. Pass find_unused_parameters=true to "
-        "DistributedDataParallel if some parameters are legitimately unused, or make sure every parameter "
-        "takes part in computing the loss on every rank.");
+        group_->rank(), ", so their buckets were never reduced. ",
+        options_.static_graph
+            ? "static_graph=true promised the graph of the first step, where they were used: drop "
+              "static_graph and pass find_unused_parameters=true if the used parameters change."
+            : "Pass find_unused_parameters=true to DistributedDataParallel if some parameters are "
+              "legitimately unused, or make sure every parameter takes part in computing the loss on "
+              "every rank.");
     // Only the buckets launched here are waited for. Another rank may have used those
     // parameters: it launched a bucket this rank never will and waits for it. So the
     // group is then aborted with this message: that rank fails now, naming the

@@ -184,6 +184,8 @@ class Reducer {
   bool rebuilt_ = false;                 // buckets already rebuilt from the real order
   bool first_step_done_ = false;         // one synced backward has finished
   std::vector<bool> static_unused_;      // static_graph: params this rank did not use in step 1
+  std::vector<size_t> unused_to_mark_;   // found unused at forward; marked ready at the first hook
+  std::vector<bool> marked_unused_;      // this backward: marked ready as unused (no gradient expected)
   StepStats stats_;
   std::vector<BucketTiming> timings_;
   std::vector<std::pair<size_t, double>> grad_ready_ms_;  // this step's hook times

@@ -65,6 +65,21 @@ class TwoBranch : public nn::Cloneable<TwoBranch> {
   nn::ChildSlot<nn::Linear> used_, unused_, head_;
 };
 
+// A trunk and a head, plus an auxiliary head registered last (so with one parameter
+// per bucket its parameters fill buckets 0 and 1) that forward never uses.
+class AuxHead : public nn::Cloneable<AuxHead> {
+ public:
+  explicit AuxHead(Generator& gen) : Cloneable("AuxHead") {
+    trunk_ = register_module("trunk", nn::make<nn::Linear>(kIn, kHidden, true, gen));
+    head_ = register_module("head", nn::make<nn::Linear>(kHidden, kClasses, true, gen));
+    aux_ = register_module("aux", nn::make<nn::Linear>(kHidden, kClasses, true, gen));
+  }
+  Tensor forward(const Tensor& x) override { return child(head_).forward(ag::relu(child(trunk_).forward(x))); }
+
+ private:
+  nn::ChildSlot<nn::Linear> trunk_, head_, aux_;
+};
+
 std::shared_ptr<nn::Module> make_mlp(uint64_t seed, bool batch_norm = false) {
   Generator gen(seed);
   auto seq = nn::make<nn::Sequential>();
@@ -275,6 +290,40 @@ TEST(DdpMultiRank, UnusedParameterKeepsItsZeroedGradient) {
     // Three decayed steps: w * (1 - lr * wd)^3, on every rank alike.
     std::vector<float> now = unused.to_vector<float>();
     for (size_t i = 0; i < now.size(); ++i) EXPECT_FLOAT_EQ(now[i], start[i] * 0.95f * 0.95f * 0.95f) << i;
+  }
+}
+
+// A grad-enabled forward that no backward follows (a loss logged on a held-out batch)
+// must issue no collective, since ranks may run different numbers of them. The unused
+// head used to be marked ready, and its buckets launched, by the forward itself: the
+// extra allreduces were then paired with another rank's training ones, and the next
+// forward reset those buckets under them. Now it is marked at the first gradient hook.
+TEST(DdpMultiRank, ForwardsWithoutBackwardIssueNoCollectives) {
+  for (bool static_graph : {false, true}) {
+    SCOPED_TRACE(static_graph ? "static_graph" : "find_unused_parameters");
+    Generator g1(37 + g_world->rank()), g2(37);
+    auto model = std::make_shared<AuxHead>(g1);
+    auto reference = std::make_shared<AuxHead>(g2);
+    DdpOptions options;
+    options.bucket_cap_bytes = options.first_bucket_bytes = 1;
+    options.find_unused_parameters = !static_graph;
+    options.static_graph = static_graph;
+    DistributedDataParallel ddp(model, g_world, options);
+    nn::SGD opt_ddp(model->parameters(), nn::SGDOptions{.lr = 0.1});
+    nn::SGD opt_ref(reference->parameters(), nn::SGDOptions{.lr = 0.1});
+    for (int step = 0; step < 3; ++step) {
+      for (int i = 0; i <= g_world->rank(); ++i) (void)ddp(rank_slice(global_batch(60 + i)).x);
+      opt_ddp.zero_grad();
+      opt_ref.zero_grad();
+      Batch global = global_batch(step);
+      Batch local = rank_slice(global);
+      autograd::backward(ag::cross_entropy(ddp(local.x), local.y));
+      autograd::backward(ag::cross_entropy(reference->forward(global.x), global.y));
+      opt_ddp.step();
+      opt_ref.step();
+      expect_same_parameters(*model, *reference);
+      if (::testing::Test::HasFailure()) return;
+    }
   }
 }
 
