@@ -132,18 +132,32 @@ std::shared_ptr<Store> mpi_rendezvous(LaunchInfo& info, const EnvMap& env,
   }
   info.rank = mpi_rank;
   info.world_size = mpi_size;
+  // Rank 0 always broadcasts, its error if it could not start the store (MASTER_PORT
+  // in use, say): the other ranks then fail with that message instead of waiting in
+  // MPI_Bcast, which has no timeout, for a rank that has given up.
   std::string blob;
+  std::exception_ptr failure;
   if (mpi_rank == 0) {
-    if (info.token.empty()) info.token = random_job_token();
-    *server = std::make_shared<StoreServer>("", port, info.token, "MASTER_PORT");
-    std::string addr = info.master_addr.empty() ? local_hostname() : info.master_addr;
-    blob = json{{"addr", addr}, {"port", (*server)->port()}, {"token", info.token}}.dump();
+    try {
+      if (info.token.empty()) info.token = random_job_token();
+      *server = std::make_shared<StoreServer>("", port, info.token, "MASTER_PORT");
+      std::string addr = info.master_addr.empty() ? local_hostname() : info.master_addr;
+      blob = json{{"addr", addr}, {"port", (*server)->port()}, {"token", info.token}}.dump();
+    } catch (const std::exception& e) {
+      failure = std::current_exception();
+      blob = json{{"error", e.what()}}.dump();
+    }
   }
   int length = static_cast<int>(blob.size());
   MPI_CHECK(MPI_Bcast(&length, 1, MPI_INT, 0, MPI_COMM_WORLD));
   blob.resize(length);
   MPI_CHECK(MPI_Bcast(blob.data(), length, MPI_CHAR, 0, MPI_COMM_WORLD));
+  if (failure) std::rethrow_exception(failure);
   json record = json::parse(blob);
+  if (record.contains("error")) {
+    throw CommError(detail::concat("mpi:// init: rank 0 could not start the store: ",
+                                   record["error"].get<std::string>()));
+  }
   info.token = record["token"].get<std::string>();
   info.master_addr = record["addr"].get<std::string>();
   info.master_port = record["port"].get<int>();

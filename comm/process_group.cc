@@ -178,6 +178,15 @@ Work ProcessGroup::recv(BufferRef buffer, int src, int tag) {
   return enqueue({.op = CollectiveOp::kRecv, .input = buffer, .peer = src, .tag = tag});
 }
 
+namespace {
+// Whether two buffers share any byte (same device assumed: enqueue checks that first).
+bool ranges_overlap(const BufferRef& a, const BufferRef& b) {
+  const auto* a0 = static_cast<const char*>(a.data);
+  const auto* b0 = static_cast<const char*>(b.data);
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+}  // namespace
+
 Work ProcessGroup::enqueue(Collective c, Launch launch) {
   const char* name = collective_op_name(c.op);
   const int n = context_.size;
@@ -212,6 +221,11 @@ Work ProcessGroup::enqueue(Collective c, Launch launch) {
       RT_CHECK(c.input.count == c.output.count && c.input.count % n == 0, "all_to_all: input (",
                c.input.count, ") and output (", c.output.count,
                ") must have the same count, a multiple of size() = ", n);
+      // Every backend sends block j while blocks arrive: in place, an arriving block
+      // would overwrite one not yet sent (the ring's rounds, MPI without MPI_IN_PLACE).
+      RT_CHECK(c.input.count == 0 || !ranges_overlap(c.input, c.output),
+               "all_to_all: the input and output buffers overlap; it cannot run in place. Pass a "
+               "separate output buffer (or copy the input first)");
       break;
     default:
       break;

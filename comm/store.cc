@@ -286,14 +286,25 @@ std::string Store::request(const std::string& op, const std::string& key,
   if (op == "add") message["number"] = number;
   if (op == "get") message["timeout_ms"] = timeout.count();
   std::lock_guard<std::mutex> lock(mutex_);
+  if (!broken_.empty()) {
+    throw CommError(detail::concat("store ", op, " '", key, "': the connection to the store at ", host_, ":",
+                                   port_, " is unusable since an earlier request failed midway (", broken_, ")"));
+  }
   Deadline deadline = Clock::now() + timeout + kIoTimeout;
   json reply;
   try {
     write_message(socket_, message, deadline);
     reply = read_message(socket_, deadline);
   } catch (const SocketClosed&) {
+    broken_ = "rank 0 closed it";
     throw SocketClosed(detail::concat("the store at ", host_, ":", port_,
                                       " (run by rank 0) closed the connection: rank 0 has exited"));
+  } catch (const std::exception& e) {
+    // A request cut off midway (a timeout, a signal) leaves its reply, or part of it,
+    // in flight: the next request would read it as its own. So no next request.
+    broken_ = detail::concat(op, " '", key, "': ", e.what());
+    socket_.shutdown();
+    throw;
   }
   if (!reply.value("ok", false)) {
     throw CommError(detail::concat("store ", op, " '", key, "' failed: ",
@@ -310,13 +321,21 @@ void Store::set(const std::string& key, const std::string& value) {
 }
 
 std::string Store::get(const std::string& key, std::chrono::milliseconds timeout) {
-  bool found = false;
-  std::string value = request("get", key, "", 0, timeout, &found);
-  if (!found) {
-    throw CommTimeoutError(detail::concat("store: key '", key, "' did not appear within ",
-                                          timeout.count(), " ms"));
+  // Waited for on the server in short slices, so that the connection (one request at
+  // a time) is free in between for the process's other threads: a comm thread that
+  // must read a peer's error while the main thread waits minutes for a key.
+  constexpr auto kSlice = std::chrono::milliseconds(200);
+  const Deadline deadline = Clock::now() + timeout;
+  while (true) {
+    const auto left = std::chrono::milliseconds(std::max(0, millis_until(deadline)));
+    bool found = false;
+    std::string value = request("get", key, "", 0, std::min(left, kSlice), &found);
+    if (found) return value;
+    if (Clock::now() >= deadline) {
+      throw CommTimeoutError(detail::concat("store: key '", key, "' did not appear within ",
+                                            timeout.count(), " ms"));
+    }
   }
-  return value;
 }
 
 std::optional<std::string> Store::try_get(const std::string& key) {

@@ -117,6 +117,7 @@ class Store {
   std::mutex mutex_;  // one request at a time on the connection
   Socket socket_;
   std::string advertised_address_;  // empty: socket_'s local address
+  std::string broken_;              // why the connection is unusable (a request failed midway)
 };
 
 }  // namespace ringtrain::comm

@@ -237,6 +237,26 @@ TEST_P(Collectives, AllToAll) {
   }
 }
 
+// In place, arriving blocks would overwrite blocks not yet sent (wrong results, no
+// error): every rank refuses it up front, before anything is sent, so the group lives on.
+TEST(AllToAllMisuse, OverlappingInputAndOutputAreRefused) {
+  const size_t n = static_cast<size_t>(g_pg->size());
+  std::vector<float> data(4 * n, 1.0f);
+  BufferRef whole{data.data(), 2 * n, DType::kFloat32, Device::cpu()};
+  BufferRef shifted{data.data() + 1, 2 * n, DType::kFloat32, Device::cpu()};
+  for (const BufferRef& output : {whole, shifted}) {
+    try {
+      g_pg->all_to_all(whole, output).wait();
+      ADD_FAILURE() << "an in-place all_to_all was accepted";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), ::testing::HasSubstr("all_to_all: the input and output buffers overlap"));
+    }
+  }
+  BufferRef after{data.data() + 2 * n, 2 * n, DType::kFloat32, Device::cpu()};
+  g_pg->all_to_all(whole, after).wait();  // adjacent, not overlapping: fine
+  g_pg->barrier().wait();
+}
+
 INSTANTIATE_TEST_SUITE_P(AllDTypes, Collectives, ::testing::ValuesIn(kAllDTypes),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <ctime>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -57,6 +58,22 @@ TEST(Store, GetTimesOutNamingTheKey) {
   } catch (const CommTimeoutError& e) {
     EXPECT_NE(std::string(e.what()).find("never"), std::string::npos) << e.what();
   }
+}
+
+// One Store (one connection) shared by the threads of a process: a long get must not
+// hold it. The comm thread reads a peer's error record while the main thread may be
+// waiting minutes for a key; it used to wait behind that get (up to its timeout + 60 s).
+TEST(Store, ALongGetLeavesTheConnectionToOtherThreads) {
+  StoreServer server("127.0.0.1", 0, "t");
+  Store store("127.0.0.1", server.port(), "t");
+  store.set("present", "yes");
+  std::thread waiter([&] { EXPECT_THROW(store.get("never", 3s), CommTimeoutError); });
+  std::this_thread::sleep_for(300ms);  // the get is waiting on the server by now
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(store.try_get("present"), std::optional<std::string>("yes"));
+  store.set("other", "x");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+  waiter.join();
 }
 
 TEST(Store, RejectsWrongToken) {
