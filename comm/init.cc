@@ -235,9 +235,18 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   context.setup_timeout = rendezvous_timeout;
 
   std::shared_ptr<ProcessGroup> group;
-  if (options.backend == "ring") group = make_ring_process_group(context);
-  else if (options.backend == "mpi") group = make_mpi_process_group(context);
-  else group = make_nccl_process_group(context);
+  try {
+    if (options.backend == "ring") group = make_ring_process_group(context);
+    else if (options.backend == "mpi") group = make_mpi_process_group(context);
+    else group = make_nccl_process_group(context);
+  } catch (const std::exception& e) {
+    // This rank leaves (a setting that differs from rank 0's, say) while the others
+    // may have formed the group: their first collective then reports this reason,
+    // not just "rank R died".
+    publish_rank_error(*store, info.rank, "exception",
+                       detail::concat("rank ", info.rank, " could not join the group: ", e.what()));
+    throw;
+  }
 
   g_store = store;
   g_world_rank = info.rank;

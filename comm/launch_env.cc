@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <limits>
 #include <regex>
 
 #include "comm/types.h"
@@ -72,12 +73,16 @@ int env_int(const EnvMap& env, const std::string& name, int min, int max, const 
   return static_cast<int>(value);
 }
 
-size_t env_size(const char* name, size_t fallback, size_t min) {
+size_t env_size(const char* name, size_t fallback, size_t min, size_t max) {
   const char* text = std::getenv(name);
   if (!text || !*text) return fallback;
   long long value = 0;
-  if (!to_int(text, &value) || value < 0 || static_cast<unsigned long long>(value) < min) {
-    throw CommError(detail::concat(name, "='", text, "' is not a whole number >= ", min,
+  if (!to_int(text, &value) || value < 0 || static_cast<unsigned long long>(value) < min ||
+      static_cast<unsigned long long>(value) > max) {
+    throw CommError(detail::concat(name, "='", text, "' is not a whole number ",
+                                   max == std::numeric_limits<size_t>::max()
+                                       ? detail::concat(">= ", min)
+                                       : detail::concat("in [", min, ", ", max, "]"),
                                    "; unset it or give one such as ", fallback));
   }
   return static_cast<size_t>(value);

@@ -11,6 +11,7 @@
 // what would fix it.
 #pragma once
 
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -64,8 +65,9 @@ LaunchInfo resolve_launch(const std::string& init_method, const EnvMap& env, int
 // Reads an integer variable in [min, max]; throws naming it when missing or bad.
 int env_int(const EnvMap& env, const std::string& name, int min, int max, const std::string& hint);
 // A size setting from this process's environment (RINGTRAIN_SHM_SLOT_BYTES, ...):
-// `fallback` when unset or empty, else a whole number >= min; throws naming the
-// variable when it is anything else.
-size_t env_size(const char* name, size_t fallback, size_t min);
+// `fallback` when unset or empty, else a whole number in [min, max]; throws naming
+// the variable when it is anything else.
+size_t env_size(const char* name, size_t fallback, size_t min,
+                size_t max = std::numeric_limits<size_t>::max());
 
 }  // namespace ringtrain::comm

@@ -129,8 +129,26 @@ PeerMesh::PeerMesh(Store& store, const std::string& prefix, int rank, int size,
   //    only go downwards, so no two ranks wait on each other's accept.
   const Handshake mine{kHandshakeMagic, static_cast<uint32_t>(rank), fnv1a(token), fnv1a(prefix)};
   for (int peer = 0; peer < rank; ++peer) {
-    Socket socket = Socket::connect(info[peer]["addr"].get<std::string>(),
-                                    info[peer]["port"].get<int>(), deadline);
+    const std::string addr = info[peer]["addr"].get<std::string>();
+    Socket socket;
+    try {
+      socket = Socket::connect(addr, info[peer]["port"].get<int>(), deadline);
+    } catch (const CommError& e) {
+      // A peer on another host that published a loopback address reached the store
+      // over loopback: MASTER_ADDR resolves to 127.x on its host (Debian's /etc/hosts
+      // maps the host name to 127.0.1.1). (Hosts that share a network namespace, such
+      // as containers with host networking, can connect anyway: only a failure says so.)
+      const bool loopback_elsewhere = info[peer]["host"] != info[rank]["host"] && addr.rfind("127.", 0) == 0;
+      throw CommError(detail::concat(
+          "ring backend: rank ", world_ranks[rank], " cannot connect to rank ", world_ranks[peer], " at ", addr,
+          ":", info[peer]["port"].get<int>(), " (the address it published): ", e.what(),
+          loopback_elsewhere
+              ? detail::concat(". Rank ", world_ranks[peer], " is on another host and published a loopback "
+                               "address, because it reached the store at MASTER_ADDR over loopback: set "
+                               "MASTER_ADDR to an address of the master that every host can route to (its "
+                               "IP address, not a name its /etc/hosts maps to 127.0.1.1)")
+              : std::string()));
+    }
     socket.send_all(&mine, sizeof(mine), deadline);
     uint8_t accepted = 0;
     socket.recv_all(&accepted, 1, deadline);
@@ -189,7 +207,7 @@ PeerMesh::PeerMesh(Store& store, const std::string& prefix, int rank, int size,
     // One inbox per rank, shared among the ranks of this host (the key names the host).
     auto segment_of = share_shm_segments(
         store, prefix + "/shm/" + hex(fnv1a(info[rank]["host"].get<std::string>())), rank, size,
-        local, shm_name_prefix_, local_layout.segment_bytes(), timeout, "shared-memory transport",
+        local, world_ranks, shm_name_prefix_, local_layout.segment_bytes(), timeout, "shared-memory transport",
         "set RINGTRAIN_SHM_SLOT_BYTES and RINGTRAIN_SHM_SLOTS the same on every rank");
     for (int r : local) {
       if (r == rank) continue;

@@ -56,13 +56,17 @@
 
 namespace ringtrain::comm {
 
+// Both at most 1 GiB: larger values mean nothing more ("always" / "one pass") and
+// could overflow the round arithmetic (chunk / element * p wrapping to 0 never ends).
+constexpr size_t kMaxRingSettingBytes = size_t{1} << 30;
+
 size_t ring_latency_threshold_bytes() {
-  static const size_t threshold = env_size("RINGTRAIN_RING_LATENCY_BYTES", 16384, 0);
+  static const size_t threshold = env_size("RINGTRAIN_RING_LATENCY_BYTES", 16384, 0, kMaxRingSettingBytes);
   return threshold;
 }
 
 size_t ring_chunk_bytes() {
-  static const size_t chunk = env_size("RINGTRAIN_RING_CHUNK_BYTES", 65536, 0);
+  static const size_t chunk = env_size("RINGTRAIN_RING_CHUNK_BYTES", 65536, 0, kMaxRingSettingBytes);
   return chunk;
 }
 

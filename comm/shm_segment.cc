@@ -70,8 +70,8 @@ ShmSegment::~ShmSegment() { munmap(base_, bytes_); }
 
 std::vector<std::shared_ptr<ShmSegment>> share_shm_segments(
     Store& store, const std::string& key, int rank, int group_size, const std::vector<int>& members,
-    const std::string& name, size_t bytes, std::chrono::milliseconds timeout, const char* what,
-    const char* fix) {
+    const std::vector<int>& world_ranks, const std::string& name, size_t bytes,
+    std::chrono::milliseconds timeout, const char* what, const char* fix) {
   std::vector<std::shared_ptr<ShmSegment>> segments(group_size);
   // 1. ours, zero-filled, its pages reserved. A rank that cannot create it publishes
   //    why in place of its name, so that every rank fails now, the same way.
@@ -87,12 +87,12 @@ std::vector<std::shared_ptr<ShmSegment>> share_shm_segments(
                                    : nlohmann::json{{"error", create_error}}.dump());
     // 2. everyone else's entry; any rank's creation failure fails all of them
     std::vector<nlohmann::json> entries(group_size);
-    std::string failed = create_error.empty() ? "" : detail::concat("rank ", rank, ": ", create_error);
+    std::string failed = create_error.empty() ? "" : detail::concat("rank ", world_ranks[rank], ": ", create_error);
     for (int r : members) {
       if (r == rank) continue;
       entries[r] = nlohmann::json::parse(store.get(detail::concat(key, "/", r), timeout));
       if (failed.empty() && entries[r].contains("error")) {
-        failed = detail::concat("rank ", r, ": ", entries[r]["error"].get<std::string>());
+        failed = detail::concat("rank ", world_ranks[r], ": ", entries[r]["error"].get<std::string>());
       }
     }
     if (!failed.empty()) {
@@ -105,8 +105,8 @@ std::vector<std::shared_ptr<ShmSegment>> share_shm_segments(
       const nlohmann::json& entry = entries[r];
       const size_t theirs = entry["bytes"].get<size_t>();
       if (theirs != bytes) {
-        throw CommError(detail::concat(what, ": rank ", rank, "'s shared memory segment has ", bytes,
-                                       " bytes but rank ", r, "'s has ", theirs, "; ", fix));
+        throw CommError(detail::concat(what, ": rank ", world_ranks[rank], "'s shared memory segment has ", bytes,
+                                       " bytes but rank ", world_ranks[r], "'s has ", theirs, "; ", fix));
       }
       segments[r] = std::make_shared<ShmSegment>(entry["name"].get<std::string>(), bytes,
                                                  /*create=*/false);

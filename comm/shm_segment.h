@@ -55,9 +55,10 @@ class Store;
 // segment publishes why instead of its name, and then every member throws
 // ShmCreateError with that reason (none waits for a name that will never come).
 // Returns the segments indexed by group rank (nullptr for ranks that are not members).
+// Messages name ranks by world rank (world_ranks[group rank]).
 std::vector<std::shared_ptr<ShmSegment>> share_shm_segments(
     Store& store, const std::string& key, int rank, int group_size, const std::vector<int>& members,
-    const std::string& name, size_t bytes, std::chrono::milliseconds timeout, const char* what,
-    const char* fix);
+    const std::vector<int>& world_ranks, const std::string& name, size_t bytes,
+    std::chrono::milliseconds timeout, const char* what, const char* fix);
 
 }  // namespace ringtrain::comm

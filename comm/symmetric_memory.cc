@@ -27,12 +27,15 @@ std::shared_ptr<SymmetricBuffer> SymmetricBuffer::allocate(PeerMesh& mesh, Store
   static_assert(sizeof(SymmetricSync) <= kSyncBytes);
   const int rank = mesh.rank();
   const int size = mesh.size();
-  std::vector<int> members(size);
-  for (int r = 0; r < size; ++r) members[r] = r;
+  std::vector<int> members(size), world_ranks(size);
+  for (int r = 0; r < size; ++r) {
+    members[r] = r;
+    world_ranks[r] = mesh.world_rank(r);
+  }
   std::shared_ptr<SymmetricBuffer> buffer(new SymmetricBuffer(rank, bytes));
   // Zero-filled, so every sync counter starts at 0.
   buffer->segments_ = share_shm_segments(
-      store, key, rank, size, members,
+      store, key, rank, size, members, world_ranks,
       detail::concat(mesh.shm_name_prefix(), "-sym-", std::hash<std::string>{}(key)),
       kSyncBytes + bytes, std::chrono::milliseconds(millis_until(deadline)),
       "allocate_symmetric", "every rank must allocate the same size");

@@ -196,12 +196,14 @@ TEST(EnvSize, FallbackNumberOrAnErrorNamingTheVariable) {
   EXPECT_EQ(env_size(kName, 65536, 0), 0u);
   ::setenv(kName, "4096", 1);
   EXPECT_EQ(env_size(kName, 65536, 64), 4096u);
-  for (const char* bad : {"64k", "-5", "1e3", "32"}) {
+  for (const char* bad : {"64k", "-5", "1e3", "32", "1073741825"}) {
     ::setenv(kName, bad, 1);
-    EXPECT_EQ(error_of([&] { env_size(kName, 65536, 64); }),
-              std::string(kName) + "='" + bad + "' is not a whole number >= 64; unset it or give "
-              "one such as 65536");
+    EXPECT_EQ(error_of([&] { env_size(kName, 65536, 64, size_t{1} << 30); }),
+              std::string(kName) + "='" + bad + "' is not a whole number in [64, 1073741824]; unset it "
+              "or give one such as 65536");
   }
+  ::setenv(kName, "1073741824", 1);
+  EXPECT_EQ(env_size(kName, 65536, 64, size_t{1} << 30), size_t{1} << 30);
   ::unsetenv(kName);
 }
 

@@ -7,6 +7,9 @@
 #   check:            every rank exits 0 and prints "ok"
 #   kill|throw|mismatch: every rank except the victim (rank 1) exits non-zero
 #                     within MAX_SECONDS and its output matches the regex EXPECT.
+#   settings:         as kill, with the workers in check mode and the variables
+#                     in RT_VICTIM_ENV (e.g. "RINGTRAIN_RING_CHUNK_BYTES=1024") set
+#                     for rank 1 only, so that it cannot join the others.
 set -u
 worker=$1 nproc=$2 init=$3 mode=$4 expect=$5 max_seconds=$6
 shift 6
@@ -23,8 +26,14 @@ if [[ $init == slurm ]]; then
 fi
 token=$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')
 pids=()
+worker_mode=$mode
+[[ $mode == settings ]] && worker_mode=check
 for ((rank = 0; rank < nproc; rank++)); do
   env_args=(RINGTRAIN_JOB_TOKEN=$token)
+  if (( rank == 1 )) && [[ -n ${RT_VICTIM_ENV:-} ]]; then
+    read -ra victim_env <<< "$RT_VICTIM_ENV"
+    env_args+=("${victim_env[@]}")
+  fi
   init_arg=()
   case $init in
     env)   env_args+=(MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=$nproc RANK=$rank
@@ -38,7 +47,7 @@ for ((rank = 0; rank < nproc; rank++)); do
     *) echo "unknown init $init"; exit 2 ;;
   esac
   env -u OMPI_COMM_WORLD_SIZE -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE "${env_args[@]}" \
-    "$worker" --mode "$mode" "${init_arg[@]}" "$@" >"$dir/out.$rank" 2>&1 &
+    "$worker" --mode "$worker_mode" "${init_arg[@]}" "$@" >"$dir/out.$rank" 2>&1 &
   pids+=($!)
 done
 start=$(date +%s)

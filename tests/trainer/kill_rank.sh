@@ -11,12 +11,13 @@ RANK=0 LOCAL_RANK=0 "$demo" "${args[@]}" > "$work/rank0.out" 2>&1 &
 pid0=$!
 RANK=1 LOCAL_RANK=1 "$demo" "${args[@]}" > "$work/rank1.out" 2>&1 &
 pid1=$!
-# Wait until at least one epoch checkpoint exists, then kill rank 1.
+# Wait until at least one epoch checkpoint exists, then kill rank 1. (compgen, not
+# ls: rotation may delete a file between the glob and ls's stat, and ls then fails.)
 for _ in $(seq 1 300); do
-  ls "$work/ckpt"/*.json >/dev/null 2>&1 && break
+  compgen -G "$work/ckpt/*.json" > /dev/null && break
   sleep 0.1
 done
-ls "$work/ckpt"/*.json >/dev/null 2>&1 || { echo "no checkpoint appeared"; kill -9 $pid0 $pid1; exit 1; }
+compgen -G "$work/ckpt/*.json" > /dev/null || { echo "no checkpoint appeared"; kill -9 $pid0 $pid1; exit 1; }
 kill -9 $pid1
 start=$(date +%s%N)
 wait $pid0
