@@ -160,7 +160,18 @@ PeerMesh::PeerMesh(Store& store, const std::string& prefix, int rank, int size,
     peers_[peer].socket = std::move(socket);
   }
   for (int expected = size - 1 - rank; expected > 0;) {
-    Socket socket = listener.accept(deadline);
+    Socket socket;
+    try {
+      socket = listener.accept(deadline);
+    } catch (const CommTimeoutError& e) {
+      std::string missing;
+      for (int r = rank + 1; r < size; ++r)
+        if (!peers_[r].socket.valid()) missing += detail::concat(missing.empty() ? "" : ", ", world_ranks[r]);
+      throw CommTimeoutError(detail::concat(
+          "ring backend: rank ", world_ranks[rank], " waited for rank(s) ", missing, " to connect to it at ",
+          info[rank]["addr"].get<std::string>(), ":", listener.local_port(), " and they did not (",
+          e.what(), "): did they fail to join, or can they not route to that address?"));
+    }
     Handshake theirs{};
     try {
       socket.recv_all(&theirs, sizeof(theirs), std::min(deadline, Clock::now() + std::chrono::seconds(5)));
