@@ -15,7 +15,6 @@ using nlohmann::json;
 
 namespace {
 
-// Store key under which world rank r publishes why it failed.
 // The error records a rank published, a list in the store (a rank may fail in a
 // sub-group and later, for another reason, in the world group):
 //   rt/error/<world rank>/count, rt/error/<world rank>/<0..count-1>.
@@ -27,7 +26,8 @@ std::string error_key(int world_rank) { return "rt/error/" + std::to_string(worl
 bool record_concerns(const json& record, const std::string& prefix) {
   if (!record.contains("group")) return true;
   const std::string group = record["group"].get<std::string>();
-  return prefix.compare(0, group.size(), group) == 0;
+  // "rt/world/split1" is an ancestor of "rt/world/split1/..." but not of "rt/world/split10".
+  return prefix == group || prefix.rfind(group + "/", 0) == 0;
 }
 
 // The first record world rank `world_rank` published that concerns the group with
