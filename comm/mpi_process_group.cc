@@ -201,8 +201,16 @@ class MpiProcessGroup final : public ProcessGroup {
             "cancel it; this group is unusable)"));
       }
       if (now >= next_check) {
-        throw_if_member_failed(describe(c));  // PeerLostError; explain_failure quotes the member
         next_check = now + kMemberCheck;
+        try {
+          throw_if_member_failed(describe(c));  // PeerLostError; explain_failure quotes the member
+        } catch (const PeerLostError&) {
+          throw;
+        } catch (const std::exception&) {
+          // The store is unreachable (rank 0 has exited): MPI itself reports a dead
+          // process, so keep waiting on it without asking the store again.
+          next_check = Deadline::max();
+        }
       }
     }
   }
