@@ -515,12 +515,24 @@ void CheckpointManager::prune(const std::string& just_written) const {
   // Only complete checkpoints count towards keep_last and only they are deleted: a
   // damaged one (a bad record, a truncated file) is left for a person to look at,
   // and must not push the last good ones out.
+  std::error_code ec;
+  // Temporary files of atomic writes whose writer died (".<file>.tmp.<pid>", see
+  // write_file_atomically): the process is gone, so nobody will ever rename them.
+  // (Only the saving rank prunes, so a pid here is one of this host's processes.)
+  for (const auto& entry : fs::directory_iterator(directory_, ec)) {
+    const std::string name = entry.path().filename().string();
+    const std::string tmp_tag = ".tmp.";
+    const size_t tag = name.rfind(tmp_tag);
+    if (name.rfind("." + prefix_ + "-", 0) == 0 && tag != std::string::npos) {
+      pid_t writer = static_cast<pid_t>(std::atol(name.c_str() + tag + tmp_tag.size()));
+      if (writer > 0 && writer != ::getpid() && ::kill(writer, 0) != 0 && errno == ESRCH) fs::remove(entry.path(), ec);
+    }
+  }
   std::vector<std::string> stems;
   for (std::string& stem : list())
     if (stem == just_written || looks_complete(stem)) stems.push_back(std::move(stem));
   if (static_cast<int>(stems.size()) <= keep_last_) return;
   const size_t n_drop = stems.size() - static_cast<size_t>(keep_last_);
-  std::error_code ec;
   for (size_t i = 0; i < n_drop; ++i) {
     // The checkpoint just written is valid (save read it back for its CRC): never
     // drop it, even when older-numbered than the others (a run resumed from an
@@ -537,14 +549,6 @@ void CheckpointManager::prune(const std::string& just_written) const {
     if (key && *key < oldest_kept &&
         !fs::exists(entry.path().parent_path() / (name.substr(0, name.size() - 12) + ".json"))) {
       fs::remove(entry.path(), ec);
-    }
-    // Temporary files of atomic writes whose writer died (".<file>.tmp.<pid>", see
-    // write_file_atomically): the process is gone, so nobody will ever rename them.
-    const std::string tmp_tag = ".tmp.";
-    size_t tag = name.rfind(tmp_tag);
-    if (name.rfind("." + prefix_ + "-", 0) == 0 && tag != std::string::npos) {
-      pid_t writer = static_cast<pid_t>(std::atol(name.c_str() + tag + tmp_tag.size()));
-      if (writer > 0 && writer != ::getpid() && ::kill(writer, 0) != 0 && errno == ESRCH) fs::remove(entry.path(), ec);
     }
   }
 }

@@ -31,6 +31,11 @@ for delay in 0.05 0.2 0.35 0.5 0.65; do
   echo "kill at ${delay}s: $(grep -o 'resumed from [^ ]*' "$work/resume.out")"
   grep "skipped an invalid checkpoint" "$work/resume.out" || true
 done
+# The resumes above stop at once (max-steps 1 is behind them) and save nothing; one
+# more step saves a checkpoint, and every save removes the temporaries of dead writers.
+last=$(grep -o 'resumed from [^ ]*' "$work/resume.out" | grep -o '[0-9]*$')
+"$demo" --no-progress --epochs 100000 --max-steps $((10#$last + 1)) --checkpoint-dir "$work/ckpt" --keep-last 2 \
+  > "$work/final.out" 2>&1 || { echo "FAIL: the run after the last kill"; cat "$work/final.out"; exit 1; }
 stale=$(ls -a "$work/ckpt" | grep -c '\.tmp\.' || true)
 [ "$stale" -eq 0 ] || { echo "FAIL: $stale temporary files of killed writers were not cleaned up"; ls -la "$work/ckpt"; exit 1; }
 echo "kill during checkpoint: the previous checkpoint stayed loadable every time; no stale temporary files"
