@@ -48,11 +48,17 @@ void install(int signo, struct sigaction* previous) {
 
 SignalWatcher::SignalWatcher(int requeue_signal, bool watch_sigterm)
     : requeue_signal_(requeue_signal), watch_sigterm_(watch_sigterm) {
+  // Also refused: the signals of a fault (a handler that only sets a flag and returns
+  // makes a real SIGSEGV re-fault forever instead of crashing) and SIGCHLD (every
+  // child process that exits, scontrol included, would count as a request).
   if (requeue_signal <= 0 || requeue_signal >= NSIG || requeue_signal == SIGKILL ||
-      requeue_signal == SIGSTOP || requeue_signal == SIGTERM) {
+      requeue_signal == SIGSTOP || requeue_signal == SIGTERM || requeue_signal == SIGSEGV ||
+      requeue_signal == SIGBUS || requeue_signal == SIGFPE || requeue_signal == SIGILL ||
+      requeue_signal == SIGABRT || requeue_signal == SIGTRAP || requeue_signal == SIGCHLD) {
     throw SlurmError("SignalWatcher: signal " + std::to_string(requeue_signal) +
                      " cannot be the requeue signal (SIGKILL/SIGSTOP cannot be caught; SIGTERM is "
-                     "watched separately); use SIGUSR1 (#SBATCH --signal=USR1@90) or SIGUSR2");
+                     "watched separately; fault signals and SIGCHLD mean something else); use SIGUSR1 "
+                     "(#SBATCH --signal=USR1@90) or SIGUSR2");
   }
   bool expected = false;
   if (!g_watcher_alive.compare_exchange_strong(expected, true)) {

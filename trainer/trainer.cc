@@ -407,13 +407,28 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
     std::printf("trainer: %s | strategy %s | device %s | precision %s | world %d\n", env.describe().c_str(),
                 o.strategy.c_str(), device.str().c_str(), o.precision.c_str(), world);
 
+  // Rank 0 alone writes, and the others go on to the next collective: when rank 0
+  // fails here (disk full, say) or in the requeue below, it aborts the group with its
+  // reason, so they fail at once with that message instead of waiting for it.
+  auto abort_group_and_rethrow = [&](const char* what) {
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      if (group) group->abort(detail::concat("Trainer: ", what, " failed on rank 0: ", e.what()));
+      throw;
+    }
+  };
   auto save = [&](int64_t epoch, int64_t batches_into_epoch) {
     if (!checkpoints || !global_zero) return;
-    checkpoints->save(targets, {epoch, global_step},
-                      nlohmann::json{{"batches_into_epoch", batches_into_epoch},
-                                     {"data_layout", data_layout},
-                                     {"scaler", scaler.state_dict()},
-                                     {"skipped_steps", result.skipped_steps}});
+    try {
+      checkpoints->save(targets, {epoch, global_step},
+                        nlohmann::json{{"batches_into_epoch", batches_into_epoch},
+                                       {"data_layout", data_layout},
+                                       {"scaler", scaler.state_dict()},
+                                       {"skipped_steps", result.skipped_steps}});
+    } catch (...) {
+      abort_group_and_rethrow("saving the checkpoint");
+    }
   };
 
   // ---- 5/6. train
@@ -430,8 +445,12 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
                   : save_first ? "checkpoint written"
                                : "nothing trained since the last checkpoint, nothing to save");
       if (decision == slurm::RequeueDecision::kCheckpointAndRequeue && env.in_slurm_job) {
-        slurm::RequeueResult r = slurm::requeue_job(env.requeue_id);
-        std::printf("trainer: requeued job %s (%s)\n", r.requeue_id.c_str(), r.command.c_str());
+        try {
+          slurm::RequeueResult r = slurm::requeue_job(env.requeue_id);
+          std::printf("trainer: requeued job %s (%s)\n", r.requeue_id.c_str(), r.command.c_str());
+        } catch (...) {
+          abort_group_and_rethrow("scontrol requeue");
+        }
         result.requeued = true;
       }
     }
@@ -498,14 +517,16 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
 
       if (o.simulate_signal_at_step >= 0 && global_step == o.simulate_signal_at_step && global_zero)
         std::raise(watcher.requeue_signal());
+      // The last step: the run is finished (saved below); a signal now needs no requeue.
+      // (Every rank reaches max_steps at the same step, so none polls here.)
+      if (o.max_steps > 0 && global_step >= o.max_steps) {
+        done = true;
+        break;
+      }
       // Step boundary: did a signal arrive on any rank? (collective; every rank asks)
       slurm::RequeueDecision decision = coordinator.poll();
       if (decision != slurm::RequeueDecision::kContinue) {
         stop_for_signal(decision, /*save_first=*/true, epoch, index);
-        done = true;
-        break;
-      }
-      if (o.max_steps > 0 && global_step >= o.max_steps) {
         done = true;
         break;
       }

@@ -15,7 +15,10 @@
 // SIGUSR1 and SIGUSR2 to every worker (SLURM's walltime SIGUSR1 included). When a
 // worker fails (non-zero exit or a signal), ringrun sends SIGTERM to the others,
 // SIGKILL after --stop-timeout seconds, and exits with the failed worker's status
-// (its exit code, or 128 + the signal number, as a shell reports it).
+// (its exit code, or 128 + the signal number, as a shell reports it). A stop signal
+// from outside (SIGINT, SIGTERM, SIGHUP, SIGQUIT: scancel, the walltime) gives the
+// workers --signal-timeout seconds (30, SLURM's default KillWait) before SIGKILL,
+// time to write the checkpoint they write on SIGTERM.
 //
 // Arguments: ringrun's options come first; the first argument that is not one of
 // them is the program, and everything after it is the program's. An argument that
@@ -118,6 +121,7 @@ int main(int argc, char** argv) {
   int master_port = 29500;
   std::string job_token;
   double stop_timeout = 10.0;
+  double signal_timeout = 30.0;
   app.add_option("--nproc-per-node", nproc_per_node, "worker processes on this node")
       ->check(CLI::Range(1, 4096))->capture_default_str();
   app.add_option("--nnodes", nnodes, "nodes in the job")->check(CLI::Range(1, 100000))->capture_default_str();
@@ -131,6 +135,10 @@ int main(int argc, char** argv) {
                  "the master address on several; RINGTRAIN_JOB_TOKEN also works)");
   app.add_option("--stop-timeout", stop_timeout,
                  "seconds between SIGTERM and SIGKILL when stopping the other workers")
+      ->check(CLI::Range(0.0, 86400.0))->capture_default_str();
+  app.add_option("--signal-timeout", signal_timeout,
+                 "seconds between a SIGINT/SIGTERM/SIGHUP/SIGQUIT from outside (forwarded to the workers) "
+                 "and SIGKILL: time for them to write a checkpoint (SLURM's default KillWait is 30)")
       ->check(CLI::Range(0.0, 86400.0))->capture_default_str();
   app.prefix_command();  // everything from the program name on belongs to the worker
   app.footer("Usage: ringrun [options] [--] program args... (after the program name, or after --, options "
@@ -231,7 +239,7 @@ int main(int argc, char** argv) {
       stop_others(sig);
       if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT) {
         if (!stopping) kill_deadline = std::chrono::steady_clock::now() +
-                                       std::chrono::milliseconds(static_cast<int64_t>(stop_timeout * 1000));
+                                       std::chrono::milliseconds(static_cast<int64_t>(signal_timeout * 1000));
         stopping = true;
         if (exit_code == 0) exit_code = 128 + sig;
       }
@@ -256,8 +264,9 @@ int main(int argc, char** argv) {
       }
     }
     if (stopping && running > 0 && std::chrono::steady_clock::now() >= kill_deadline) {
-      std::cerr << "ringrun: " << running << " worker(s) still running after " << stop_timeout
-                << " s; sending SIGKILL\n";
+      std::cerr << "ringrun: " << running << " worker(s) still running after the stop timeout"
+                << " (--stop-timeout " << stop_timeout << " s after a worker failed, --signal-timeout "
+                << signal_timeout << " s after a stop signal); sending SIGKILL\n";
       stop_others(SIGKILL);
       kill_deadline = std::chrono::steady_clock::time_point::max();
     }

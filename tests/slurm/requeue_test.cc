@@ -89,6 +89,20 @@ TEST(SignalWatcher, OnlyOneAtATimeAndNoUncatchableSignals) {
   EXPECT_THROW(SignalWatcher(SIGKILL), SlurmError);
 }
 
+// A fault signal as the requeue signal would turn a real SIGSEGV into an endless
+// re-fault loop (the handler returns); SIGCHLD fires for every child that exits.
+TEST(SignalWatcher, RefusesSignalsThatMeanSomethingElse) {
+  for (int signo : {SIGKILL, SIGSTOP, SIGTERM, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGCHLD}) {
+    try {
+      SignalWatcher watcher(signo);
+      ADD_FAILURE() << "signal " << signo << " was accepted";
+    } catch (const SlurmError& e) {
+      EXPECT_NE(std::string(e.what()).find("cannot be the requeue signal"), std::string::npos) << e.what();
+    }
+  }
+  SignalWatcher usr2(SIGUSR2);  // and the slot is free for a good one
+}
+
 TEST(SignalWatcher, ParseSignal) {
   EXPECT_EQ(SignalWatcher::parse_signal("USR1"), SIGUSR1);
   EXPECT_EQ(SignalWatcher::parse_signal("SIGUSR2"), SIGUSR2);
