@@ -216,5 +216,47 @@ TEST(TrainerMultiRank, RanksResumeFromTheCheckpointRankZeroChoseOrFailTogether) 
   fs::remove_all(root);
 }
 
+// Rank 0 alone writes checkpoints. When its save fails (here its directory turns into
+// a file during epoch 1; in life, a full disk), rank 1 must fail with that reason, not
+// with "rank 0 closed its connection" (ring) or after a collective timeout (NCCL).
+class SaveBreakingClassifier : public Classifier {
+ public:
+  explicit SaveBreakingClassifier(fs::path checkpoint_dir) : Classifier(false), dir_(std::move(checkpoint_dir)) {}
+  Tensor training_step(const data::Batch& b, StepContext& ctx) override {
+    if (ctx.rank() == 0 && ++steps_ == 3) {  // the first step of epoch 1 (2 steps per epoch)
+      fs::remove_all(dir_);
+      std::ofstream(dir_) << "not a directory";
+    }
+    return Classifier::training_step(b, ctx);
+  }
+
+ private:
+  fs::path dir_;
+  int steps_ = 0;
+};
+
+TEST(TrainerMultiRank, AFailedSaveOnRankZeroFailsEveryRankWithItsReason) {
+  fs::path root = fs::temp_directory_path() / ("rt_multirank_save_" + std::to_string(getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root);
+  run_two_ranks(
+      [&root](int rank) {
+        SaveBreakingClassifier m(root / "ckpt");
+        TrainerOptions o = quiet({.max_epochs = 4, .batch_size = 16});
+        o.checkpoint_dir = (root / "ckpt").string();
+        try {
+          Trainer(o).fit(m, blobs(64, 1));
+        } catch (const std::exception& e) {  // rank 0: the filesystem's own error
+          const std::string what = e.what();
+          if (rank == 0 || what.find("saving the checkpoint failed on rank 0") != std::string::npos) return 30;
+          std::fprintf(stderr, "rank %d: unexpected error: %s\n", rank, what.c_str());
+          return 21;
+        }
+        return 0;
+      },
+      "0: trained on although the save failed; 30: the expected error; 21: another error", /*expected=*/30);
+  fs::remove_all(root);
+}
+
 }  // namespace
 }  // namespace ringtrain::trainer
