@@ -21,6 +21,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 extern char** environ;
 
@@ -203,7 +204,18 @@ ProcessResult run_process(const std::vector<std::string>& argv, std::chrono::mil
       if (errno == EINTR) continue;
       throw SlurmError(std::string("read from '" + program + "' failed: ") + std::strerror(errno));
     }
-    if (n == 0) break;  // EOF: every writer (the child and anything it started) is gone
+    if (n == 0) {
+      // EOF: every writer is gone, but the child may still run (it closed its output and
+      // hangs on an unreachable slurmctld, say): the deadline still holds.
+      while (child.try_wait() < 0 && !child.exited()) {
+        if (std::chrono::steady_clock::now() >= deadline) {
+          throw ProcessTimeoutError("'" + program + "' did not finish within " + std::to_string(timeout.count()) +
+                                    " ms (it closed its output; killed); output: " + result.output);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      break;
+    }
     result.output.append(buffer, static_cast<size_t>(n));
   }
   result.exit_code = child.exited() ? child.try_wait() : child.wait();

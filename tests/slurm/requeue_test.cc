@@ -385,6 +385,13 @@ TEST(Subprocess, EndsWhenTheChildExitsAndATimeoutKillsItsProcessGroup) {
   // '[s]leep': the pattern must not match the command line of the shell running pgrep
   ProcessResult left = run_process({"sh", "-c", "pgrep -f '[s]leep " + marker + "' || true"});
   EXPECT_EQ(left.output, "") << "the timed-out command's background sleep survived";
+
+  // A command that closes its output and then hangs: the pipe reports EOF at once, and
+  // the wait for the command itself used to have no deadline.
+  start = std::chrono::steady_clock::now();
+  EXPECT_THROW(run_process({"sh", "-c", "exec >&- 2>&-; sleep 8"}, std::chrono::milliseconds(300)),
+               ProcessTimeoutError);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
 }
 
 }  // namespace
