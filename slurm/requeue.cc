@@ -212,17 +212,20 @@ RequeueResult requeue_job(const std::string& requeue_id, const comm::EnvMap& env
     throw SlurmError(std::string("cannot requeue job ") + requeue_id + ": " + e.what() +
                      " (is slurmctld reachable from this node? `scontrol ping` tells; the job was "
                      "not requeued, so it ends at its walltime)");
-  } catch (const SlurmError& e) {
+  } catch (const ProgramNotFoundError& e) {
     throw SlurmError(std::string("cannot requeue job ") + requeue_id + ": " + e.what() +
                      " (install the SLURM client tools, slurm-client / slurm-wlm, or set "
                      "RINGTRAIN_SCONTROL to scontrol's path)");
+  } catch (const SlurmError& e) {
+    throw SlurmError(std::string("cannot requeue job ") + requeue_id + ": " + e.what());
   }
   result.output = run.output;
   if (run.exit_code != 0) {
     throw SlurmError("`" + result.command + "` failed with exit code " + std::to_string(run.exit_code) +
                      ": " + (run.output.empty() ? std::string("(no output)") : run.output) +
                      " -- is JobRequeue=1 in slurm.conf or was the job submitted with --requeue? "
-                     "(--no-requeue jobs cannot be requeued; only the job's owner or root may requeue)");
+                     "(--no-requeue jobs cannot be requeued, nor interactive salloc/srun jobs, which "
+                     "are not batch jobs; only the job's owner or root may requeue)");
   }
   return result;
 }

@@ -137,9 +137,9 @@ ProcessResult run_process(const std::vector<std::string>& argv, std::chrono::mil
   if (argv.empty() || argv[0].empty()) throw SlurmError("run_process: empty command line");
   const std::string& program = argv[0];
   if (find_program(program).empty()) {
-    throw SlurmError(program.find('/') != std::string::npos
-                         ? "cannot run '" + program + "': no executable file at that path"
-                         : "cannot run '" + program + "': not found in PATH");
+    throw ProgramNotFoundError(program.find('/') != std::string::npos
+                                   ? "cannot run '" + program + "': no executable file at that path"
+                                   : "cannot run '" + program + "': not found in PATH");
   }
 
   int pipe_fds[2];

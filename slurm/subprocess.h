@@ -32,6 +32,12 @@ class ProcessTimeoutError : public SlurmError {
   using SlurmError::SlurmError;
 };
 
+// run_process: the program is not there (not in PATH, or no executable at the path).
+class ProgramNotFoundError : public SlurmError {
+ public:
+  using SlurmError::SlurmError;
+};
+
 struct ProcessResult {
   int exit_code = -1;   // the child's exit status; 128+N when killed by signal N
   std::string output;   // stdout and stderr, interleaved as written

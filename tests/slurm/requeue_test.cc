@@ -267,6 +267,8 @@ TEST_F(FakeScontrol, FailureCarriesScontrolsMessage) {
     EXPECT_NE(what.find("exit code 1"), std::string::npos) << what;
     EXPECT_NE(what.find("presently disabled"), std::string::npos) << what;
     EXPECT_NE(what.find("JobRequeue=1"), std::string::npos) << what;
+    EXPECT_NE(what.find("interactive salloc/srun jobs"), std::string::npos) << what;
+    EXPECT_EQ(what.find("install"), std::string::npos) << what;  // scontrol is there
   }
 }
 
