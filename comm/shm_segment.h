@@ -4,8 +4,9 @@
 // shm_transport.cc) and by symmetric memory (symmetric_memory.cc). The creator
 // makes it with O_EXCL, sizes it (ftruncate zero-fills it) and reserves its pages
 // (posix_fallocate: tmpfs reserves nothing at ftruncate, so a full /dev/shm would
-// otherwise show up as a SIGBUS at the first write); peers open it by name. The name can be unlinked as soon as every peer has mapped it: the mapping
-// lives until the last process unmaps it, so a crash leaves nothing in /dev/shm.
+// otherwise show up as a SIGBUS at the first write); peers open it by name. The
+// name can be unlinked as soon as every peer has mapped it: the mapping lives until
+// the last process unmaps it, so a crash leaves nothing in /dev/shm.
 #pragma once
 
 #include <chrono>

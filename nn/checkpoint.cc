@@ -512,9 +512,6 @@ bool looks_complete(const std::string& stem) {
 }  // namespace
 
 void CheckpointManager::prune(const std::string& just_written) const {
-  // Only complete checkpoints count towards keep_last and only they are deleted: a
-  // damaged one (a bad record, a truncated file) is left for a person to look at,
-  // and must not push the last good ones out.
   std::error_code ec;
   // Temporary files of atomic writes whose writer died (".<file>.tmp.<pid>", see
   // write_file_atomically): the process is gone, so nobody will ever rename them.
@@ -528,6 +525,9 @@ void CheckpointManager::prune(const std::string& just_written) const {
       if (writer > 0 && writer != ::getpid() && ::kill(writer, 0) != 0 && errno == ESRCH) fs::remove(entry.path(), ec);
     }
   }
+  // Only complete checkpoints count towards keep_last and only they are deleted: a
+  // damaged one (a bad record, a truncated file) is left for a person to look at,
+  // and must not push the last good ones out.
   std::vector<std::string> stems;
   for (std::string& stem : list())
     if (stem == just_written || looks_complete(stem)) stems.push_back(std::move(stem));

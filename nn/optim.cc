@@ -54,8 +54,8 @@ void check_option(const OptionSite& where, const std::string& key, double value)
     if (value != 0 && value != 1) bad("0 or 1 (false or true)", "");
     return;
   }
-  static const std::set<std::string, std::less<>> kKnown = {"lr", "momentum", "dampening", "weight_decay",
-                                                            "eps", "beta1", "beta2"};
+  static const std::set<std::string> kKnown = {"lr", "momentum", "dampening", "weight_decay",
+                                               "eps", "beta1", "beta2"};
   if (!kKnown.count(key)) return;  // a subclass's own option: its own business
   if (!std::isfinite(value)) bad("finite", "");
   if (key == "lr") {

@@ -176,7 +176,15 @@ RequeueAction RequeueCoordinator::carry_out(RequeueDecision decision, const Clus
     return action;
   }
   if (rank0) {
-    RequeueResult result = requeue_job(env.requeue_id, process_env);
+    RequeueResult result;
+    try {
+      result = requeue_job(env.requeue_id, process_env);
+    } catch (const std::exception& e) {
+      // The others have left the barrier: tell them why, or they wait for rank 0 in
+      // their next collective.
+      if (group_) group_->abort(std::string("rank 0 could not requeue the job after ") + why + ": " + e.what());
+      throw;
+    }
     action.requeued = true;
     action.message = why + ": checkpoint saved, ran `" + result.command + "`";
   } else {

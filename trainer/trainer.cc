@@ -407,17 +407,9 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
     std::printf("trainer: %s | strategy %s | device %s | precision %s | world %d\n", env.describe().c_str(),
                 o.strategy.c_str(), device.str().c_str(), o.precision.c_str(), world);
 
-  // Rank 0 alone writes, and the others go on to the next collective: when rank 0
-  // fails here (disk full, say) or in the requeue below, it aborts the group with its
-  // reason, so they fail at once with that message instead of waiting for it.
-  auto abort_group_and_rethrow = [&](const char* what) {
-    try {
-      throw;
-    } catch (const std::exception& e) {
-      if (group) group->abort(detail::concat("Trainer: ", what, " failed on rank 0: ", e.what()));
-      throw;
-    }
-  };
+  // Rank 0 alone writes, and the others go on to the next collective: when its save
+  // fails (disk full, say), it aborts the group with the reason, so they fail at once
+  // with that message instead of waiting for it.
   auto save = [&](int64_t epoch, int64_t batches_into_epoch) {
     if (!checkpoints || !global_zero) return;
     try {
@@ -426,8 +418,9 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
                                        {"data_layout", data_layout},
                                        {"scaler", scaler.state_dict()},
                                        {"skipped_steps", result.skipped_steps}});
-    } catch (...) {
-      abort_group_and_rethrow("saving the checkpoint");
+    } catch (const std::exception& e) {
+      if (group) group->abort(detail::concat("Trainer: saving the checkpoint failed on rank 0: ", e.what()));
+      throw;
     }
   };
 
@@ -436,24 +429,20 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
   // A requeue/termination decision (the same on every rank): save (when there is
   // something new), meet, requeue on SIGUSR1 inside a SLURM job, and leave.
   auto stop_for_signal = [&](slurm::RequeueDecision decision, bool save_first, int64_t epoch, int64_t index) {
-    if (save_first) save(epoch, index);
-    if (group) group->barrier().wait();  // the checkpoint is on disk before anyone leaves
+    // carry_out: rank 0 saves, everyone meets (the checkpoint is on disk before anyone
+    // leaves), rank 0 requeues inside a SLURM job; a failure there aborts the group.
+    slurm::RequeueAction action = coordinator.carry_out(decision, env, [&] {
+      if (save_first) save(epoch, index);
+    });
     if (global_zero) {
       std::printf("\ntrainer: %s received at step %lld; %s\n", slurm::requeue_decision_name(decision),
                   (long long)global_step,
                   !checkpoints ? "no checkpoint_dir, nothing saved"
                   : save_first ? "checkpoint written"
                                : "nothing trained since the last checkpoint, nothing to save");
-      if (decision == slurm::RequeueDecision::kCheckpointAndRequeue && env.in_slurm_job) {
-        try {
-          slurm::RequeueResult r = slurm::requeue_job(env.requeue_id);
-          std::printf("trainer: requeued job %s (%s)\n", r.requeue_id.c_str(), r.command.c_str());
-        } catch (...) {
-          abort_group_and_rethrow("scontrol requeue");
-        }
-        result.requeued = true;
-      }
+      if (action.requeued) std::printf("trainer: requeued job %s (%s)\n", env.requeue_id.c_str(), action.message.c_str());
     }
+    result.requeued = action.requeued;
     result.stopped_early = true;
   };
   // A signal during start-up (rendezvous, resume): no step has run since the state
