@@ -7,7 +7,8 @@
 // conv2d: tensor-core GEMMs on a GPU) cast their floating-point inputs to the
 // autocast dtype and return a half-precision result, while the ops that need
 // range or precision (softmax, log_softmax, cross_entropy, mse_loss, layer_norm,
-// batch_norm) cast their inputs up to float32. Elementwise binary ops (add, sub,
+// batch_norm, and sum, exp, log, pow: a user's loss over a half GEMM output) cast
+// their inputs up to float32. Elementwise binary ops (add, sub,
 // mul, div, maximum, minimum, where) and cat/stack given mixed floating dtypes (a
 // half GEMM output and a float32 residual) compute in the widest one, as PyTorch's
 // type promotion does; outside autocast ringtrain's ops never promote. float64

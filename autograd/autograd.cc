@@ -143,15 +143,14 @@ void retain_grad(const Tensor& t) {
   if (!m.grad_fn || m.retains_grad) return;  // leaves keep .grad anyway
   m.retains_grad = true;
   std::weak_ptr<AutogradMeta> weak = t.unsafe_impl()->autograd_meta;
-  m.grad_fn->pre_hooks.emplace_back(m.grad_fn->next_hook_id++, [weak](const Tensor& g) {
+  m.grad_fn->retain_grad_hook = [weak](const Tensor& g) {
     if (auto mm = weak.lock()) {
       if (mm->grad.defined())
         add_(mm->grad, g);
       else
         mm->grad = g.clone();
     }
-    return g;
-  });
+  };
 }
 
 // ---------------------------------------------------------------- hooks
@@ -201,7 +200,7 @@ SavedTensor::SavedTensor(const Tensor& t) {
   was_defined_ = true;
   data_ = alias(t);
   original_ = t.impl_ptr();
-  saved_version_ = t.unsafe_impl()->version;
+  saved_version_ = t.version();
 }
 
 const Tensor& SavedTensor::get(const std::string& op, const char* what) const {
@@ -209,12 +208,17 @@ const Tensor& SavedTensor::get(const std::string& op, const char* what) const {
   RT_CHECK(data_.defined(), "autograd: ", op, ": saved ", what,
            " is gone: trying to backward through the graph a second time (or after its saved "
            "tensors were freed); pass retain_graph=true to the first backward()");
-  if (auto orig = original_.lock()) {
-    RT_CHECK(orig->version == saved_version_, "autograd: ", op, ": ", what,
-             " saved for backward was modified by an in-place operation (version ", orig->version,
-             ", expected ", saved_version_, "); make a copy (clone()) before modifying it in place, "
-             "or modify it out of place");
-  }
+  // The version is the storage's, so a write through any view or alias of the saved
+  // tensor counts (y.view(...).add_(1) after exp saved y); a tensor given new storage in
+  // place (Module::to, load_state_dict) counts as modified too.
+  const auto orig = original_.lock();
+  const bool replaced = orig != nullptr && orig->storage != data_.storage();
+  RT_CHECK(!replaced && data_.version() == saved_version_, "autograd: ", op, ": ", what,
+           " saved for backward was modified by an in-place operation (",
+           replaced ? std::string("it was given new storage") :
+                      "version " + std::to_string(data_.version()) + ", expected " + std::to_string(saved_version_),
+           "; in-place writes through any view of it count); make a copy (clone()) before modifying "
+           "it in place, or modify it out of place");
   return data_;
 }
 

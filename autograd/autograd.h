@@ -94,8 +94,8 @@ class SavedTensor {
 
  private:
   Tensor data_;                         // alias of the saved values (no autograd meta)
-  std::weak_ptr<TensorImpl> original_;  // the tensor that was saved, for its version counter
-  uint64_t saved_version_ = 0;          // original's version when saved
+  std::weak_ptr<TensorImpl> original_;  // the tensor that was saved: was it given new storage?
+  uint64_t saved_version_ = 0;          // the storage's version counter when saved
   bool was_defined_ = false;            // false: an undefined tensor was saved (e.g. no bias)
 };
 
@@ -127,6 +127,9 @@ struct Node {
   uint64_t sequence_nr = 0;          // creation order; the engine runs later nodes first
   std::vector<PreHook> pre_hooks;    // grad hooks of the output tensor (non-leaf register_hook)
   uint64_t next_hook_id = 0;         // ids for pre_hooks removal
+  // retain_grad()'s hook: runs after every pre_hook, whenever it was registered, so the
+  // retained .grad is the gradient the hooks produced (as in PyTorch 2).
+  std::function<void(const Tensor&)> retain_grad_hook;
   bool released_ = false;            // set by release(): saved tensors are gone
 };
 

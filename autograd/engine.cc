@@ -101,7 +101,9 @@ bool in_backward() { return !t_running_tasks.empty(); }
 std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad) {
   AutogradMeta& m = meta(variable_);
   Tensor g = grad;
-  for (auto& [id, hook] : m.grad_hooks) {
+  // Copy: a hook may register or remove hooks (a one-shot hook removes itself).
+  const auto grad_hooks = m.grad_hooks;
+  for (auto& [id, hook] : grad_hooks) {
     g = hook(g);
     RT_CHECK(g.defined() && g.shape() == variable_.shape(), "autograd: a grad hook on leaf ",
              variable_.describe(), " returned ", g.defined() ? g.describe() : "an undefined tensor");
@@ -203,13 +205,15 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
     }
     std::vector<Tensor> grads;
     if (g.defined()) {
-      for (auto& [id, hook] : node->pre_hooks) {
+      const auto pre_hooks = node->pre_hooks;  // copy: a hook may register or remove hooks
+      for (auto& [id, hook] : pre_hooks) {
         Tensor replaced = hook(g);
         RT_CHECK(replaced.defined() && replaced.shape() == g.shape(), "autograd: a grad hook on the "
                  "output of ", node->name(), " returned ",
                  replaced.defined() ? replaced.describe() : "an undefined tensor", " for ", g.describe());
         g = std::move(replaced);
       }
+      if (node->retain_grad_hook) node->retain_grad_hook(g);  // after every hook
       grads = node->apply(g);
       g = Tensor();
       if (!retain_graph) node->release();

@@ -179,6 +179,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
 // As in PyTorch, the limits are taken where the formulas give 0 * inf: d/da is 0 where b == 0
 // (b * a^(b-1) at a = 0), and d/db is 0 where a == 0 and b >= 0 (y * log(a) = 0 * -inf).
 Tensor pow(const Tensor& a, const Tensor& b) {
+  RT_AUTOCAST_FLOAT32(ag::pow(C(a), C(b)))  // PyTorch's fp32 list: pow, exp, log, sum
   Tensor y = rt::pow(a, b);
   return record("pow", {a, b}, y, {a, b, y},
                 [sa = a.shape(), sb = b.shape()](const Tensor& g, Ctx& c) -> Grads {
@@ -242,6 +243,7 @@ Tensor div(const Tensor& a, double s) {
 // pow: a ^ p  ->  g * p * a^(p-1); for p == 0 the derivative is 0 everywhere (PyTorch's
 // masked_fill), where the formula would give 0 * inf = NaN at a = 0.
 Tensor pow(const Tensor& a, double p) {
+  RT_AUTOCAST_FLOAT32(ag::pow(C(a), p))
   return record("pow", {a}, rt::pow(a, p), {a}, [p](const Tensor& g, Ctx& c) -> Grads {
     if (p == 0.0) return {rt::mul(g, 0.0)};
     return {rt::mul(g, rt::mul(rt::pow(c.saved(0), p - 1.0), p))};
@@ -257,6 +259,7 @@ Tensor neg(const Tensor& a) {
 
 // exp: y = e^a  ->  g * y
 Tensor exp(const Tensor& a) {
+  RT_AUTOCAST_FLOAT32(ag::exp(C(a)))
   Tensor y = rt::exp(a);
   return record("exp", {a}, y, {y},
                 [](const Tensor& g, Ctx& c) -> Grads { return {rt::mul(g, c.saved(0))}; });
@@ -264,6 +267,7 @@ Tensor exp(const Tensor& a) {
 
 // log: log a  ->  g / a
 Tensor log(const Tensor& a) {
+  RT_AUTOCAST_FLOAT32(ag::log(C(a)))
   return record("log", {a}, rt::log(a), {a},
                 [](const Tensor& g, Ctx& c) -> Grads { return {rt::div(g, c.saved(0))}; });
 }
@@ -341,6 +345,7 @@ Tensor masked_fill(const Tensor& a, const Tensor& mask, double value) {
 
 // sum: sum over dims  ->  g broadcast back over the reduced dims
 Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  RT_AUTOCAST_FLOAT32(ag::sum(C(a), dims, keepdim))
   return record("sum", {a}, rt::sum(a, dims, keepdim), {},
                 [shape = a.shape(), kept = keepdim_shape(a.shape(), dims, "sum")](const Tensor& g,
                                                                                    Ctx&) -> Grads {
@@ -411,8 +416,9 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
                   Tensor lhs = a.dim() == 1 ? a.unsqueeze(0) : a;
                   Tensor rhs = b.dim() == 1 ? b.unsqueeze(1) : b;
                   Tensor g2 = g;
-                  if (a.dim() == 1) g2 = g2.unsqueeze(-2);
-                  if (b.dim() == 1) g2 = g2.unsqueeze(-1);
+                  if (a.dim() == 1 && b.dim() == 1) g2 = g2.reshape({1, 1});  // a dot product: g is 0-d
+                  else if (a.dim() == 1) g2 = g2.unsqueeze(-2);
+                  else if (b.dim() == 1) g2 = g2.unsqueeze(-1);
                   Grads out(2);
                   if (c.needs(0)) {
                     Tensor ga = rt::matmul(g2, rhs.transpose(-1, -2));
@@ -812,19 +818,26 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   Tensor valid = rt::ne(targets, rt::full({}, static_cast<double>(ignore_index), DType::kInt64,
                                           targets.device()));
   Tensor safe = rt::mul(targets, valid);  // ignored rows read class 0, then get weight 0
-  Tensor weight = valid.to(logits.dtype());
+  rt::check_class_targets(safe, classes, ignore_index, "cross_entropy");
+  // Sums over samples (the loss total, the count of valid targets) in float32 at least, rounded
+  // once: in float16 either passes 65504 with a large enough batch.
+  const DType acc = is_reduced_precision_float(logits.dtype()) ? DType::kFloat32 : logits.dtype();
+  Tensor weight = valid.to(acc);
   Tensor count = rt::sum(weight);
   Tensor picked = rt::gather(logp, 1, safe.unsqueeze(1)).squeeze(1);
   Tensor per_sample = rt::mul(picked, -(1.0 - label_smoothing));
   if (label_smoothing > 0) per_sample = rt::sub(per_sample, rt::mul(rt::mean(logp, {1}), label_smoothing));
-  Tensor loss = rt::div(rt::sum(rt::mul(per_sample, weight)), count);
+  Tensor loss = rt::div(rt::sum(rt::mul(per_sample.to(acc), weight)), count).to(logits.dtype());
   return record("cross_entropy", {logits, Tensor()}, loss, {},
                 [logp, safe, weight, count, classes, label_smoothing](const Tensor& g, Ctx&) -> Grads {
                   Tensor q = rt::one_hot(safe, classes, logp.dtype());
                   if (label_smoothing > 0)
                     q = rt::add(rt::mul(q, 1.0 - label_smoothing), label_smoothing / static_cast<double>(classes));
-                  Tensor row_scale = rt::mul(weight.unsqueeze(1), rt::div(g, count));
-                  return {rt::mul(rt::sub(rt::exp(logp), q), row_scale), Tensor()};
+                  // Over max(count, 1): when every target is ignored the loss is 0/0 = NaN (as in
+                  // PyTorch) but the gradient is 0, not 0 * inf = NaN in every weight.
+                  Tensor divisor = rt::maximum(count, rt::full({}, 1.0, count.dtype(), count.device()));
+                  Tensor row_scale = rt::mul(weight.unsqueeze(1), rt::div(g.to(count.dtype()), divisor));
+                  return {rt::mul(rt::sub(rt::exp(logp), q), row_scale.to(logp.dtype())), Tensor()};
                 });
 }
 

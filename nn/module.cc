@@ -16,7 +16,8 @@ namespace ringtrain::nn {
 
 namespace {
 // Replaces the contents of `dst`'s impl with `src`'s (storage, shape, strides,
-// offset, dtype) keeping dst's identity and autograd meta; bumps its version.
+// offset, dtype) keeping dst's identity and autograd meta. A tensor saved for backward
+// that is swapped this way is refused by autograd (it compares the storage).
 void assign_in_place(const Tensor& dst, const Tensor& src) {
   TensorImpl* d = dst.unsafe_impl();
   const TensorImpl* s = src.unsafe_impl();
@@ -25,7 +26,6 @@ void assign_in_place(const Tensor& dst, const Tensor& src) {
   d->strides = s->strides;
   d->offset = s->offset;
   d->dtype = s->dtype;
-  ++d->version;
 }
 }  // namespace
 
@@ -67,7 +67,8 @@ BufferSlot Module::register_buffer(const std::string& name, Tensor value) {
 size_t Module::register_child(const std::string& name, std::shared_ptr<Module> module) {
   check_new_name(name, "module");
   RT_CHECK(module != nullptr, type_name_, ": submodule '", name, "' is null");
-  module->train(training_);
+  // The child keeps its train/eval flags (PyTorch's add_module leaves them alone too):
+  // wrapping a model must not unfreeze a BatchNorm the user put in eval mode.
   children_.emplace_back(name, std::move(module));
   return children_.size() - 1;
 }

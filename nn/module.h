@@ -197,7 +197,7 @@ class Module {
   std::shared_ptr<Module> clone_into(CloneMemo& memo) const;
 
   std::string type_name_;  // "Linear", "Sequential", ...; used in errors and str()
-  bool training_ = true;   // train()/eval() mode, mirrored into every child
+  bool training_ = true;   // train()/eval() mode; train() sets it here and in every descendant
   std::vector<std::pair<std::string, Tensor>> params_;    // own parameters, registration order
   std::vector<std::pair<std::string, Tensor>> buffers_;   // own buffers (running stats, ...)
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;  // submodules

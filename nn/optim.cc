@@ -104,9 +104,12 @@ void Optimizer::add_param_group(ParamGroup group) {
   for (const auto& g : groups_)
     for (const Tensor& p : g.params) seen.insert(p.unsafe_impl());
   for (const Tensor& p : group.params) {
-    RT_CHECK(p.defined() && autograd::requires_grad(p) && autograd::is_leaf(p), type_name_,
-             ": parameter ", p.defined() ? p.describe() : "undefined",
-             " must be a leaf tensor that requires grad");
+    // As PyTorch: a frozen parameter (requires_grad false) is accepted and, having no
+    // gradient, left alone by step(); an op's result (non-leaf) is refused.
+    RT_CHECK(p.defined() && autograd::is_leaf(p), type_name_, ": parameter ",
+             p.defined() ? p.describe() : "undefined",
+             " must be a leaf tensor (a parameter or a detached tensor), not the result of an op "
+             "that autograd recorded");
     RT_CHECK(seen.insert(p.unsafe_impl()).second, type_name_, ": parameter ", p.describe(),
              " appears in more than one place");
   }

@@ -67,8 +67,8 @@ std::optional<StateTensorName> parse_state_tensor_name(std::string_view name);
 class Optimizer {
  public:
   // `defaults` are the hyperparameters every group starts from; a group's own
-  // options override them. Throws when a parameter does not require grad, appears
-  // twice, or a group is empty, and when an option is out of PyTorch's ranges or
+  // options override them. Throws when a parameter is not a leaf (an op's result),
+  // appears twice, or a group is empty, and when an option is out of PyTorch's ranges or
   // not finite: lr, momentum, weight_decay, eps >= 0; beta1, beta2 in [0, 1);
   // nesterov, amsgrad 0 or 1; Nesterov needs momentum > 0 and dampening = 0.
   // step() checks the same again (options may be edited through param_groups()).

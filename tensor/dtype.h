@@ -67,7 +67,7 @@ inline BFloat16::operator float() const { return bfloat16_bits_to_float(bits); }
 // static_cast is undefined behaviour for NaN, inf and out-of-range values): the
 // value is truncated toward zero, saturated to [min, max] of I, and NaN gives 0.
 // Every float -> int32/int64 conversion in the CPU kernels goes through this
-// (copy/to(), fill/full, masked_fill, integer pow, tensor-scalar ops); it is
+// (copy/to(), fill/full, masked_fill, tensor-scalar ops); it is
 // also what CUDA's cvt.rzi instruction does, so both devices agree.
 template <typename I, typename F>
 constexpr I saturating_float_to_int(F v) {
@@ -142,6 +142,28 @@ constexpr T wrapping_div(T a, T b) {
     if (b == T(-1)) return wrapping_neg(a);
   }
   return a / b;
+}
+
+// Integer a ** b, exact and wrapping like the products it is made of (as PyTorch computes
+// integer pow): 3 ** 39 in int64 is 4052555153018976267, which a detour through double
+// (53-bit significand) would miss. A negative exponent gives the real result truncated
+// toward zero: 1 ** b == 1, (-1) ** b == +-1, and 0 for every other base (0 included).
+// Square-and-multiply: at most 2 * 64 multiplies.
+template <typename T>
+constexpr T wrapping_pow(T base, T exponent) {
+  static_assert(std::is_integral_v<T>, "wrapping_pow is for integer dtypes");
+  if (exponent < T(0)) {
+    if (base == T(1)) return T(1);
+    if (base == T(-1)) return (exponent % T(2) == T(0)) ? T(1) : T(-1);
+    return T(0);
+  }
+  T result = T(1);
+  while (exponent > T(0)) {
+    if (exponent & T(1)) result = wrapping_mul(result, base);
+    exponent >>= 1;
+    if (exponent > T(0)) base = wrapping_mul(base, base);
+  }
+  return result;
 }
 
 // The C++ type stored for each DType.

@@ -44,4 +44,11 @@ void check_in_place(const Tensor& dst, const Tensor& src, const char* op) {
            "source first");
 }
 
+void check_no_overlap(const Tensor& dst, const Tensor& src, const char* op) {
+  RT_CHECK(memory_overlap(dst, src) == MemoryOverlap::kNone, op, ": the input ", src.describe(),
+           " shares memory with the output ", dst.describe(), "; this op reads other elements of its "
+           "input than the one it writes, so it would read values it has already overwritten. Pass "
+           "a clone() of the input or a separate output tensor");
+}
+
 }  // namespace ringtrain

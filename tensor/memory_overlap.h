@@ -26,4 +26,9 @@ MemoryOverlap memory_overlap(const Tensor& a, const Tensor& b);
 // `src` partially overlaps it; `op` names the caller in the message.
 void check_in_place(const Tensor& dst, const Tensor& src, const char* op);
 
+// Throws when `src` shares any memory with `dst`, even as the very same view: for ops that
+// are not elementwise (matmul_out, index_add_), where element i of the output depends on
+// other elements of the input, so even dst == src reads values already overwritten.
+void check_no_overlap(const Tensor& dst, const Tensor& src, const char* op);
+
 }  // namespace ringtrain

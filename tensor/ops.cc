@@ -345,6 +345,10 @@ Tensor& add_(Tensor& a, const Tensor& b, double alpha) {
            " in place: the result would have shape ", shape_str(shape));
   if (a.numel() == 0) return a;
   check_in_place(a, b.expand(shape), "add_");
+  if (!is_floating_point(a.dtype()))  // as PyTorch: an integer add takes an integer alpha
+    RT_CHECK(std::trunc(alpha) == alpha && std::abs(alpha) <= 9.2e18, "add_: alpha ", alpha,
+             " must be an integer for the integer tensor ", a.describe(),
+             " (convert it to a floating dtype for a fractional alpha)");
   if (alpha == 1.0) {
     RT_KERNEL(a, binary)(BinaryOp::kAdd, a, b.expand(shape), a);
   } else {
@@ -413,8 +417,12 @@ Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
   int64_t count = 1;
   for (int64_t d = 0; d < a.dim(); ++d)
     if (mask[d]) count *= a.shape()[d];
-  Tensor total = sum(a, dims, keepdim);
-  return count == 0 ? full_like(total, std::nan("")) : div(total, static_cast<double>(count));
+  // float16/bfloat16: sum and divide in float32, round once. The sum of a half tensor passes
+  // 65504 long before its mean does (10000 tens), and rounding it to half first gives inf.
+  const bool narrow = is_reduced_precision_float(a.dtype());
+  Tensor total = sum(narrow ? a.to(DType::kFloat32) : a, dims, keepdim);
+  Tensor result = count == 0 ? full_like(total, std::nan("")) : div(total, static_cast<double>(count));
+  return narrow ? result.to(a.dtype()) : result;
 }
 
 Tensor amax(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
@@ -527,6 +535,8 @@ void matmul_out(const Tensor& a, const Tensor& b, const Tensor& out) {
   RT_CHECK(out.dim() == 2 && out.size(0) == a.size(0) && out.size(1) == b.size(1) && out.is_contiguous(),
            "matmul_out: the output must be a contiguous [", a.size(0), ", ", b.size(1), "] tensor, got ",
            out.describe());
+  check_no_overlap(out, a, "matmul_out");
+  check_no_overlap(out, b, "matmul_out");
   batched_matmul_into(as_batched_3d(a), as_batched_3d(b), as_batched_3d(out));
   out.bump_version();
 }
@@ -644,7 +654,9 @@ namespace {
 Tensor softmax_impl(const Tensor& a, int64_t dim, bool log, const char* op) {
   check_defined(a, op, "input");
   check_floating(a, op);
-  int64_t d = a.dim() == 0 ? 0 : wrap_dim(dim, a.dim(), op);
+  // A 0-d tensor is softmaxed as its one-element 1-d view (the kernels want a dim to run along).
+  if (a.dim() == 0) return softmax_impl(a.reshape({1}), 0, log, op).reshape({});
+  int64_t d = wrap_dim(dim, a.dim(), op);
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
   if (out.numel() > 0) RT_KERNEL(a, softmax)(a.contiguous(), d, log, out);
   return out;
@@ -656,7 +668,9 @@ Tensor softmax_backward_impl(const Tensor& grad_out, const Tensor& output, int64
   check_same_dtype(grad_out, output, op);
   RT_CHECK(grad_out.shape() == output.shape(), op, ": grad_out ", grad_out.describe(),
            " and output ", output.describe(), " differ in shape");
-  int64_t d = output.dim() == 0 ? 0 : wrap_dim(dim, output.dim(), op);
+  if (output.dim() == 0)
+    return softmax_backward_impl(grad_out.reshape({1}), output.reshape({1}), 0, log, op).reshape({});
+  int64_t d = wrap_dim(dim, output.dim(), op);
   Tensor grad_in = Tensor::empty(output.shape(), output.dtype(), output.device());
   if (grad_in.numel() > 0)
     RT_KERNEL(output, softmax_backward)(grad_out.contiguous(), output.contiguous(), d, log, grad_in);
@@ -690,11 +704,15 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   Tensor logp = log_softmax(logits, 1);
   Tensor valid = ne(targets, full({}, static_cast<double>(ignore_index), DType::kInt64, targets.device()));
   Tensor safe_targets = mul(targets, valid);  // ignored targets read class 0, then get weight 0
+  check_class_targets(safe_targets, logits.size(1), ignore_index, "cross_entropy");
   Tensor picked = gather(logp, 1, safe_targets.unsqueeze(1)).squeeze(1);
   Tensor per_sample = mul(picked, -(1.0 - label_smoothing));
   if (label_smoothing > 0) per_sample = sub(per_sample, mul(mean(logp, {1}), label_smoothing));
-  Tensor weight = valid.to(logits.dtype());
-  return div(sum(mul(per_sample, weight)), sum(weight));
+  // The sums over samples (the loss total and the count of valid targets) in float32 at least,
+  // rounded once at the end: in float16 either passes 65504 with a large enough batch.
+  const DType acc = is_reduced_precision_float(logits.dtype()) ? DType::kFloat32 : logits.dtype();
+  Tensor weight = valid.to(acc);
+  return div(sum(mul(per_sample.to(acc), weight)), sum(weight)).to(logits.dtype());
 }
 
 // ------------------------------------------------------------------ indexing, joining
@@ -743,24 +761,36 @@ Tensor& index_add_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& sr
            shape_str(expected), " for index ", index.describe(), " into ", a.describe());
   RT_CHECK(a.is_contiguous(), "index_add_: destination must be contiguous, got strides ",
            shape_str(a.strides()));
-  check_in_place(a, src, "index_add_");
+  check_in_place(a, src, "index_add_");   // an expanded destination
+  check_no_overlap(a, src, "index_add_");  // a scatter: even a == src reads updated rows
   if (src.numel() > 0) RT_KERNEL(a, index_add)(a, d, index.contiguous(), src.contiguous());
   a.bump_version();
   return a;
+}
+
+void check_index_range(const Tensor& index, int64_t size, const char* op, const char* what,
+                       const std::string& fix) {
+  if (index.numel() == 0) return;
+  // Both bounds in one copy to the host: on a GPU, one wait instead of two.
+  const std::vector<int64_t> bounds = stack({amin(index), amax(index)}).to_vector<int64_t>();
+  const int64_t lo = bounds[0], hi = bounds[1];
+  RT_CHECK(lo >= 0 && hi < size, op, ": ", what, " ", index.describe(), " holds values in [", lo, ", ",
+           hi, "] but must lie in [0, ", size - 1, "]; ", fix);
+}
+
+void check_class_targets(const Tensor& targets, int64_t classes, int64_t ignore_index, const char* op) {
+  check_index_range(targets, classes, op, "targets",
+                    "they are class indices into the " + std::to_string(classes) +
+                        " columns of the logits; fix the labels, or give samples to skip the "
+                        "ignore_index (now " + std::to_string(ignore_index) + ")");
 }
 
 Tensor one_hot(const Tensor& index, int64_t num_classes, DType dtype) {
   check_defined(index, "one_hot", "index");
   check_int64(index, "one_hot", "index");
   RT_CHECK(num_classes > 0, "one_hot: num_classes must be positive, got ", num_classes);
-  if (index.numel() > 0) {
-    // Both bounds in one copy to the host: on a GPU, one wait instead of two.
-    const std::vector<int64_t> bounds = stack({amin(index), amax(index)}).to_vector<int64_t>();
-    const int64_t lo = bounds[0], hi = bounds[1];
-    RT_CHECK(lo >= 0 && hi < num_classes, "one_hot: index ", index.describe(), " holds values in [", lo,
-             ", ", hi, "] but must lie in [0, ", num_classes - 1, "] for num_classes=", num_classes,
-             "; fix the labels or raise num_classes");
-  }
+  check_index_range(index, num_classes, "one_hot", "index",
+                    "fix the labels or raise num_classes (now " + std::to_string(num_classes) + ")");
   Tensor classes = arange(0, static_cast<double>(num_classes), 1, DType::kInt64, index.device());
   return eq(index.unsqueeze(-1), classes).to(dtype);
 }

@@ -18,17 +18,19 @@
 //    op, where the scalar takes the tensor's dtype.
 //  * Comparisons return 1/0 in the operands' dtype; `where` treats nonzero as true.
 //  * Float16/bfloat16 math is computed in float32 and rounded on store.
-//  * Integer add/sub/mul/div/neg/abs wrap around (two's complement, as PyTorch and
-//    numpy): INT_MIN / -1 == INT_MIN. On CUDA, div is wrapped explicitly and
-//    add/sub/mul/neg/abs rely on the GPU's two's-complement arithmetic. Integer
+//  * Integer add/sub/mul/div/neg/abs/pow wrap around (two's complement, as PyTorch
+//    and numpy): INT_MIN / -1 == INT_MIN, and pow is exact integer arithmetic (a
+//    negative exponent gives the truncated real result: 1, +-1 for base -1, else 0).
+//    The CPU and CUDA kernels share the wrapping_* helpers of dtype.h. Integer
 //    division by zero throws on the CPU and gives 0 on CUDA (a kernel cannot throw).
 //  * A float value stored into an integer tensor (to(), full/fill_, masked_fill,
-//    a tensor-scalar op's scalar, integer pow) is truncated toward zero and
-//    saturated to the dtype's range; NaN becomes 0 (saturating_float_to_int, dtype.h).
+//    a tensor-scalar op's scalar) is truncated toward zero and saturated to the
+//    dtype's range; NaN becomes 0 (saturating_float_to_int, dtype.h).
 #pragma once
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -220,7 +222,15 @@ Tensor log_softmax(const Tensor& a, int64_t dim);
 // Given y = softmax(x) (resp. log_softmax) and dL/dy, returns dL/dx.
 Tensor softmax_backward(const Tensor& grad_out, const Tensor& output, int64_t dim);
 Tensor log_softmax_backward(const Tensor& grad_out, const Tensor& output, int64_t dim);
-// logits [N,C], int64 targets [N]; mean over the non-ignored targets.
+// Throws unless every value of the int64 `index` lies in [0, size); the message names `op`,
+// `what` the tensor is, the values found, and ends with `fix`. One small copy to the host
+// (a wait on a GPU, where gather/index_select cannot throw and read 0 out of range).
+void check_index_range(const Tensor& index, int64_t size, const char* op, const char* what,
+                       const std::string& fix);
+// check_index_range for class-index targets (ignored ones already replaced by 0).
+void check_class_targets(const Tensor& targets, int64_t classes, int64_t ignore_index, const char* op);
+// logits [N,C], int64 targets [N]; mean over the non-ignored targets. Targets outside
+// [0, C) that are not ignore_index are an error on every device.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100,
                      double label_smoothing = 0.0);
 

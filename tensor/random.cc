@@ -8,7 +8,8 @@
 // a CUDA tensor gets exactly the numbers a CPU tensor would.
 //
 // Conversions: uniform floats use the top 24 bits of a word (exact in float32,
-// never 1.0); normals use Box-Muller on pairs of uniforms.
+// never 1.0; a value that rounds to the upper bound in a narrower dtype is mapped to
+// the lower bound, as PyTorch does); normals use Box-Muller on pairs of uniforms.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -38,6 +39,16 @@ std::array<uint32_t, 4> philox_block(uint64_t counter, uint64_t seed) {
 }
 
 double word_to_unit(uint32_t word) { return static_cast<double>(word >> 8) * (1.0 / 16777216.0); }
+
+// `value` as a tensor of `dtype` stores it (doubles reach half types through float, as copy_ does).
+double stored_as(DType dtype, double value) {
+  switch (dtype) {
+    case DType::kFloat32: return static_cast<float>(value);
+    case DType::kFloat16: return static_cast<float>(Half(static_cast<float>(value)));
+    case DType::kBFloat16: return static_cast<float>(BFloat16(static_cast<float>(value)));
+    default: return value;  // float64 keeps it; integer dtypes truncate toward low anyway
+  }
+}
 
 // Writes host values into t (any device/dtype/strides).
 void assign(Tensor& t, const std::vector<double>& values) {
@@ -80,7 +91,13 @@ Tensor& uniform_(Tensor& t, double low, double high, Generator& gen) {
   std::vector<uint32_t> words(static_cast<size_t>(t.numel()));
   gen.next_uint32(words.data(), words.size());
   std::vector<double> values(words.size());
-  for (size_t i = 0; i < words.size(); ++i) values[i] = low + (high - low) * word_to_unit(words[i]);
+  for (size_t i = 0; i < words.size(); ++i) {
+    values[i] = low + (high - low) * word_to_unit(words[i]);
+    // The draw is below `high`, but rounding it to the tensor's dtype can land on `high`
+    // (about 0.2% of bfloat16 rand() values would be 1.0). As PyTorch does, such a value
+    // becomes `low`, so every stored value lies in [low, high).
+    if (low < high && stored_as(t.dtype(), values[i]) >= high) values[i] = low;
+  }
   assign(t, values);
   return t;
 }

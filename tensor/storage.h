@@ -10,7 +10,9 @@
 // memory goes back to its allocator when the last view is gone.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 
@@ -42,10 +44,19 @@ class Storage {
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
 
+  // The version counter: bumped by every in-place write through any tensor over this
+  // storage. Views, aliases and detached tensors share their storage, so they share the
+  // counter, as they share PyTorch's: autograd compares it to catch a tensor saved for
+  // backward that was modified in place through another view. Atomic: DDP's communication
+  // thread writes buckets while autograd writes gradients into other views of them.
+  uint64_t version() const { return version_.load(std::memory_order_relaxed); }
+  void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
+
  private:
   DataPtr data_;
   size_t nbytes_;
   Device device_;
+  std::atomic<uint64_t> version_{0};
 };
 
 }  // namespace ringtrain

@@ -84,6 +84,8 @@ Tensor Tensor::from_storage(std::shared_ptr<Storage> storage, const Shape& shape
   RT_CHECK(shape.size() == strides.size(), "Tensor::from_storage: shape ", shape_str(shape),
            " and strides ", shape_str(strides), " differ in rank");
   RT_CHECK(storage != nullptr, "Tensor::from_storage: null storage");
+  for (int64_t size : shape)
+    RT_CHECK(size >= 0, "Tensor::from_storage: negative size in shape ", shape_str(shape));
   // Every element the view can reach must lie inside the storage: the last one is at
   // offset + sum((size - 1) * stride), in elements.
   RT_CHECK(offset >= 0, "Tensor::from_storage: negative offset ", offset);

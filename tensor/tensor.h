@@ -54,7 +54,6 @@ struct TensorImpl {
   int64_t offset = 0;
   DType dtype = DType::kFloat32;
   std::shared_ptr<autograd::AutogradMeta> autograd_meta;  // owned by autograd/, opaque here
-  uint64_t version = 0;  // bumped by in-place writes; autograd checks saved tensors with it
 };
 
 class Tensor {
@@ -134,7 +133,9 @@ class Tensor {
   TensorImpl* unsafe_impl() const { return impl_.get(); }
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
   std::string describe() const;  // "float32[2, 3] on cpu" for error messages
-  void bump_version() const { ++impl().version; }
+  // In-place writes bump the storage's version counter (shared by every view: storage.h).
+  void bump_version() const { impl().storage->bump_version(); }
+  uint64_t version() const { return impl().storage->version(); }
 
  private:
   TensorImpl& impl() const;

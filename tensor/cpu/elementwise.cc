@@ -193,8 +193,7 @@ inline C binop(C a, C b) {
   else if constexpr (OP == BinaryOp::kDiv) return wrapping_div(a, b);  // zero divisors: checked by the caller
   else if constexpr (OP == BinaryOp::kPow) {
     if constexpr (std::is_integral_v<C>) {
-      // Saturates at the dtype's range (see saturating_float_to_int in dtype.h).
-      return detail::store<C>(std::pow(static_cast<double>(a), static_cast<double>(b)));
+      return wrapping_pow(a, b);  // exact, wraps like mul (dtype.h)
     } else {
       return std::pow(a, b);
     }
@@ -377,7 +376,10 @@ void axpy(double alpha, const Tensor& x, const Tensor& y) {
           return;
         }
         for (int64_t i = 0; i < n; ++i) yp[i * ys] += a * xp[i * xs];
-      } else {  // 16-bit floats through float, integers through double
+      } else if constexpr (std::is_integral_v<T>) {  // exact and wrapping (alpha is integral: ops.cc)
+        const T ai = saturating_float_to_int<T>(a);
+        for (int64_t i = 0; i < n; ++i) yp[i * ys] = wrapping_add(yp[i * ys], wrapping_mul(ai, xp[i * xs]));
+      } else {  // 16-bit floats through float, rounded once
         for (int64_t i = 0; i < n; ++i)
           yp[i * ys] = detail::store<T>(static_cast<C>(yp[i * ys]) + a * static_cast<C>(xp[i * xs]));
       }

@@ -288,7 +288,8 @@ void index_add(const Tensor& a, int64_t dim, const Tensor& index_arg, const Tens
                  const int64_t k = ix[i * is];
                  if (k < 0 || k >= size) bad_index("index_add", k, size, dim, a);
                  T& dst = y[i * ys + k * dstride];
-                 dst = detail::store<T>(detail::load(dst) + detail::load(x[i * xs]));
+                 if constexpr (std::is_integral_v<T>) dst = wrapping_add(dst, x[i * xs]);
+                 else dst = detail::store<T>(detail::load(dst) + detail::load(x[i * xs]));
                }
              });
   });

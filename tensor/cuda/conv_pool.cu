@@ -283,7 +283,9 @@ __global__ void max_pool_backward_kernel(const T* grad_out, const int64_t* indic
                                          int64_t n) {
   RT_GRID_STRIDE_LOOP(i, n) {
     int64_t plane = i / out_plane;
-    atomicAdd(grad_in + plane * in_plane + indices[i], grad_out[i]);
+    int64_t k = indices[i];
+    if (k < 0 || k >= in_plane) continue;  // as the CPU kernel: a bad index adds nothing
+    atomicAdd(grad_in + plane * in_plane + k, grad_out[i]);
   }
 }
 

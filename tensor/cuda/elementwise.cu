@@ -111,8 +111,7 @@ __device__ __forceinline__ A apply_binary(A a, A b) {
     if constexpr (std::is_integral_v<A>) return b == 0 ? A(0) : wrapping_div(a, b);
     else return a / b;
   } else if constexpr (kOp == BinaryOp::kPow) {
-    if constexpr (std::is_integral_v<A>)
-      return static_cast<A>(d_pow(static_cast<double>(a), static_cast<double>(b)));
+    if constexpr (std::is_integral_v<A>) return wrapping_pow(a, b);  // exact, as on the CPU
     else return d_pow(a, b);
   } else if constexpr (kOp == BinaryOp::kMax) {
     if constexpr (std::is_floating_point_v<A>) {
@@ -223,9 +222,15 @@ void launch_binary(BinaryOp op, const Tensor& a, const Tensor* b, double scalar,
     using T = decltype(tag);
     using A = AccType<T>;
     const T* b_data = b != nullptr ? static_cast<const T*>(b->data_ptr()) : nullptr;
+    // The scalar in the compute type as the CPU converts it: for integers truncated and
+    // saturated, NaN -> 0 (a static_cast of 1e30 or NaN to int is undefined behaviour).
+    const A scalar_a = convert<A>(scalar);
+    if constexpr (std::is_integral_v<A>)
+      RT_CHECK(b != nullptr || op != BinaryOp::kDiv || scalar_a != A(0), name, ": integer division of ",
+               a.describe(), " by the scalar ", scalar, " (zero as an integer)");
     dispatch_binary(op, [&](auto op_tag) {
       binary_kernel<decltype(op_tag)::value, T><<<grid_for(n), kThreads, 0, stream>>>(
-          static_cast<const T*>(a.data_ptr()), ix[0], b_data, ix[1], static_cast<A>(scalar),
+          static_cast<const T*>(a.data_ptr()), ix[0], b_data, ix[1], scalar_a,
           b == nullptr, static_cast<T*>(out.data_ptr()), ix[2], n);
     });
   });
@@ -265,8 +270,20 @@ void binary_scalar(BinaryOp op, const Tensor& a, double scalar, const Tensor& ou
 }
 
 // y += alpha * x as two of the launches above (scale into a temporary, add); the
-// CPU kernel is fused, a fused CUDA kernel is a later optimisation.
+// CPU kernel is fused, a fused CUDA kernel is a later optimisation. Float16/bfloat16
+// go through float32 copies, so alpha * x is not rounded to half before the add (the
+// CPU rounds once; 60000 * 2 - 60000 would be inf otherwise). Integers are exact:
+// alpha is integral (ops.cc checks) and mul/add wrap.
 void axpy(double alpha, const Tensor& x, const Tensor& y) {
+  if (is_reduced_precision_float(y.dtype())) {
+    Tensor y32 = Tensor::empty(y.shape(), DType::kFloat32, y.device());
+    Tensor x32 = Tensor::empty(x.shape(), DType::kFloat32, x.device());
+    copy(y32, y);
+    copy(x32, x);
+    axpy(alpha, x32, y32);
+    copy(y, y32);
+    return;
+  }
   Tensor scaled = Tensor::empty(x.shape(), x.dtype(), x.device());
   binary_scalar(BinaryOp::kMul, x, alpha, scaled);
   binary(BinaryOp::kAdd, y, scaled, y);

@@ -405,24 +405,27 @@ void index_select(const Tensor& a, int64_t dim, const Tensor& index_arg, const T
   check_launch(kOp);
 }
 
-void index_add(const Tensor& a, int64_t dim, const Tensor& index_arg, const Tensor& src) {
+void index_add(const Tensor& a, int64_t dim, const Tensor& index_arg, const Tensor& src_arg) {
   constexpr const char* kOp = "cuda::index_add";
   int device = cuda_device_of(a, kOp);
-  check_same_device(kOp, device, index_arg, src);
+  check_same_device(kOp, device, index_arg, src_arg);
   dim = wrap_dim(dim, a.dim(), kOp);
   int64_t m = index_arg.numel();
   Shape expected = a.shape();
   expected[dim] = m;
-  RT_CHECK(index_arg.dtype() == DType::kInt64 && src.dtype() == a.dtype() &&
-               src.shape() == expected,
+  // As the CPU kernel: any index shape counts as its flattened list, and src as m slices
+  // (ops.cc allows a[:d] + index.shape + a[d+1:]).
+  RT_CHECK(index_arg.dtype() == DType::kInt64 && src_arg.dtype() == a.dtype() &&
+               src_arg.numel() == shape_numel(expected),
            kOp, ": expected int64 index and src of shape ", shape_str(expected), " and a's dtype; a ",
-           a.describe(), ", index ", index_arg.describe(), ", src ", src.describe());
+           a.describe(), ", index ", index_arg.describe(), ", src ", src_arg.describe());
+  const Tensor src = src_arg.reshape(expected);
   int64_t n = src.numel();
   if (n == 0) return;
   require_cuda(kOp, device);
   int64_t inner = 1;
   for (int64_t d = dim + 1; d < a.dim(); ++d) inner *= a.shape()[d];
-  Tensor index = index_arg.contiguous();
+  Tensor index = index_arg.reshape({-1}).contiguous();
   StridedIndexer a_rest = indexer_without_dim(a, dim, kOp);
   StridedIndexer src_ix = make_indexer(src, kOp);
   DeviceGuard guard(device);

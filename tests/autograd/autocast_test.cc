@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "autograd/autograd.h"
 #include "autograd/functions.h"
 #include "tensor/ops.h"
@@ -97,6 +99,28 @@ TEST(AutocastTest, NormsResidualsJoinsAndFloat64WorkAsInTorch) {
     EXPECT_TRUE(all_finite(grad(w)));
     EXPECT_EQ(grad(gamma).dtype(), DType::kFloat32);
   }
+}
+
+// sum, exp, log and pow are on torch.autocast's float32 list: a user's loss over a half GEMM
+// output (64 values of 32 * 32 = 1024 each sum to 65536 > float16's 65504) must not overflow.
+TEST(AutocastTest, SumExpLogAndPowComputeInFloat32) {
+  Tensor x = full({64, 64}, 0.5);
+  Tensor w = full({64, 64}, 1.0);
+  set_requires_grad(w);
+  AutocastGuard guard(DType::kFloat16);
+  Tensor h = ag::matmul(ag::mul(x, 64.0), w);  // 32 * 64 = 2048 per element, float16
+  ASSERT_EQ(h.dtype(), DType::kFloat16);
+  Tensor total = ag::sum(h);
+  EXPECT_EQ(total.dtype(), DType::kFloat32);
+  EXPECT_EQ(total.item(), 2048.0 * 64 * 64);  // float16 would be inf
+  EXPECT_EQ(ag::exp(full({1}, 16.0, DType::kFloat16)).dtype(), DType::kFloat32);
+  EXPECT_NEAR(ag::exp(full({1}, 16.0, DType::kFloat16)).item(), std::exp(16.0), 1.0);  // 8.9e6
+  EXPECT_EQ(ag::log(full({1}, 2.0, DType::kFloat16)).dtype(), DType::kFloat32);
+  EXPECT_EQ(ag::pow(h, 2.0).dtype(), DType::kFloat32);
+  EXPECT_EQ(ag::pow(h, h).dtype(), DType::kFloat32);
+  backward(total);
+  EXPECT_EQ(grad(w).dtype(), DType::kFloat32);
+  EXPECT_TRUE(all_finite(grad(w)));
 }
 
 TEST(AutocastTest, OutsideTheScopeNothingIsCast) {

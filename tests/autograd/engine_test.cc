@@ -404,5 +404,112 @@ TEST(Engine, CastToAnIntegerDtypeIsNotDifferentiable) {
   EXPECT_FALSE(autograd::grad_fn(r));
 }
 
+// The version counter belongs to the memory: an in-place write through a view, an alias
+// or a detached tensor of a saved tensor is caught too (it used to give a silently wrong
+// gradient: x.grad 102.7 instead of e, or the weight's value after the update).
+TEST(Engine, InPlaceWritesThroughAnotherViewOfASavedTensorAreCaught) {
+  Tensor x = param({1}, {1});
+  Tensor y = ag::exp(x);  // exp saves its output
+  {
+    autograd::NoGradGuard guard;
+    Tensor view = y.view({1, 1});
+    add_(view, ones({1, 1}));
+  }
+  expect_error([&] { backward(ag::sum(y)); }, {"exp", "modified by an in-place operation", "any view"});
+
+  Tensor w = param({1, 2, 3, 4}, {2, 2});
+  Tensor a = param({1, 1}, {1, 2});
+  Tensor out = ag::sum(ag::matmul(a, ag::transpose(w, 0, 1)));  // saves a view of w
+  {
+    autograd::NoGradGuard guard;
+    Tensor alias = autograd::detach(w);  // an optimizer's view of the parameter
+    mul_(alias, 2.0);
+  }
+  expect_error([&] { backward(out); }, {"matmul", "modified by an in-place operation"});
+
+  // Writes to unrelated memory still pass.
+  Tensor z = param({2}, {1});
+  Tensor other = Tensor::from_vector<float>({5}, {1});
+  Tensor loss = ag::sum(ag::exp(z));
+  add_(other, ones({1}));
+  backward(loss);
+  EXPECT_NEAR(values(grad(z))[0], std::exp(2.0f), 1e-5);
+}
+
+// A hook may register or remove hooks while the engine runs the hooks (a one-shot hook
+// removes itself): it used to be a use-after-free (leaf) or a bad_function_call that
+// skipped the remaining hooks (non-leaf).
+TEST(Engine, HooksMayRegisterAndRemoveHooksWhileTheyRun) {
+  Tensor x = param({1}, {1});
+  int added_calls = 0;
+  autograd::register_hook(x, [&](const Tensor& g) {
+    for (int i = 0; i < 8; ++i)
+      autograd::register_hook(x, [&](const Tensor& gg) { ++added_calls; return gg; });
+    return g;
+  });
+  backward(ag::sum(ag::mul(x, 2.0)));
+  EXPECT_EQ(added_calls, 0);  // registered during this pass: they run from the next one
+  backward(ag::sum(ag::mul(x, 2.0)));
+  EXPECT_EQ(added_calls, 8);
+
+  Tensor p = param({1}, {1});
+  Tensor h = ag::mul(p, 3.0);
+  int first = 0, second = 0;
+  autograd::HookHandle one_shot;
+  one_shot = autograd::register_hook(h, [&](const Tensor& g) {
+    ++first;
+    one_shot.remove();
+    return g;
+  });
+  autograd::register_hook(h, [&](const Tensor& g) {
+    ++second;
+    return g;
+  });
+  backward(ag::sum(h));
+  EXPECT_EQ(first, 1);
+  EXPECT_EQ(second, 1);
+  EXPECT_EQ(values(grad(p)), (std::vector<float>{3}));
+}
+
+// retain_grad() keeps the gradient after every hook of the tensor, whenever it was called
+// (PyTorch 2): it used to keep the gradient as it was when its turn came.
+TEST(Engine, RetainedGradIsTheGradientAfterAllHooks) {
+  Tensor x = param({1}, {1});
+  Tensor h = ag::mul(x, 3.0);
+  autograd::retain_grad(h);
+  autograd::register_hook(h, [](const Tensor& g) { return mul(g, 10.0); });
+  backward(ag::sum(h));
+  EXPECT_EQ(values(grad(h)), (std::vector<float>{10}));
+  EXPECT_EQ(values(grad(x)), (std::vector<float>{30}));
+}
+
+// A dot product (1-d @ 1-d gives a 0-d result) backpropagates.
+TEST(Engine, DotProductOfTwoVectorsBackpropagates) {
+  Tensor a = param({1, 2, 3}, {3}), b = param({4, 5, 6}, {3});
+  Tensor d = ag::matmul(a, b);
+  ASSERT_EQ(d.dim(), 0);
+  EXPECT_EQ(d.item(), 32);
+  backward(d);
+  EXPECT_EQ(values(grad(a)), (std::vector<float>{4, 5, 6}));
+  EXPECT_EQ(values(grad(b)), (std::vector<float>{1, 2, 3}));
+}
+
+// A batch whose targets are all ignore_index: the loss is 0/0 = NaN (as in PyTorch), but
+// the gradient is 0, not NaN in every weight (it would poison the model, and under DDP
+// every rank's).
+TEST(Engine, CrossEntropyOverOnlyIgnoredTargetsHasZeroGradient) {
+  Tensor logits = param({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor loss = ag::cross_entropy(logits, Tensor::from_vector<int64_t>({-100, -100}, {2}));
+  EXPECT_TRUE(std::isnan(loss.item()));
+  backward(loss);
+  EXPECT_EQ(values(grad(logits)), std::vector<float>(6, 0.0f));
+  // Bad targets are named (as by the tensor op), and half logits sum in float32.
+  expect_error([&] { ag::cross_entropy(logits, Tensor::from_vector<int64_t>({0, 3}, {2})); },
+               {"cross_entropy", "targets", "[0, 3]", "[0, 2]"});
+  Tensor many = zeros({70000, 2}, DType::kFloat16);
+  EXPECT_NEAR(ag::cross_entropy(many, zeros({70000}, DType::kInt64)).to(DType::kFloat32).item(), std::log(2.0),
+              1e-3);
+}
+
 }  // namespace
 }  // namespace ringtrain

@@ -20,10 +20,9 @@ endforeach()
 # accuracy for both models within the time limit, and stop + resume == one run, bitwise.
 if(TARGET digits_train AND EXISTS /usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz)
   foreach(model mlp cnn)
-    add_test(NAME example_digits_train_${model}
-             COMMAND digits_train --model ${model} --quiet)
-    set_tests_properties(example_digits_train_${model} PROPERTIES
-      LABELS unit TIMEOUT 60 PASS_REGULAR_EXPRESSION "final test accuracy: (9[5-9]|100)\\.")
+    ringtrain_add_checked_test(example_digits_train_${model} EXPECT "final test accuracy: (9[5-9]|100)\\."
+                               COMMAND $<TARGET_FILE:digits_train> --model ${model} --quiet)
+    set_tests_properties(example_digits_train_${model} PROPERTIES LABELS unit TIMEOUT 60)
     add_test(NAME example_digits_resume_${model}
              COMMAND ${CMAKE_COMMAND} -DDIGITS_TRAIN=$<TARGET_FILE:digits_train>
                      -DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/digits_resume_${model} -DMODEL=${model}

@@ -174,8 +174,6 @@ TEST(Optim, SkipsParametersWithoutGradAndZeroGrad) {
   opt.zero_grad();
   EXPECT_FALSE(autograd::grad(a).defined());
   EXPECT_THROW(SGD({a, a}, {}), Error);
-  Tensor frozen = Tensor::from_vector<double>({1.0}, {1});
-  EXPECT_THROW(SGD({frozen}, {}), Error);
 }
 
 TEST(Optim, ParamGroupsHaveTheirOwnOptions) {
@@ -308,6 +306,20 @@ TEST(OptimMisuse, ClipGradNormRejectsANegativeOrNaNMaxNormAndKeepsTheGradients) 
   expect_near(autograd::grad(a), {3.0, 4.0}, 0, "infinity clips nothing");
   EXPECT_DOUBLE_EQ(clip_grad_norm_({a}, 0.0), 5.0);
   expect_near(autograd::grad(a), {0.0, 0.0}, 0, "zeroed");
+}
+
+TEST(OptimMisuse, FrozenParametersAreAcceptedAndLeftAloneButOpResultsAreRefused) {
+  // Fine-tuning: SGD(model->parameters()) with some layers frozen works, as in PyTorch.
+  Tensor trained = param64({1.0, 2.0});
+  Tensor frozen = Tensor::from_vector<double>({5.0, 6.0}, {2});  // requires_grad false
+  SGD sgd({trained, frozen}, SGDOptions{.lr = 0.5});
+  set_grad(trained, {1.0, 1.0});
+  sgd.step();
+  expect_near(trained, {0.5, 1.5}, 0, "trained");
+  expect_near(frozen, {5.0, 6.0}, 0, "frozen");
+  Tensor op_result = ag::mul(trained, 2.0);
+  expect_error([&] { SGD({op_result}, SGDOptions{.lr = 0.1}); }, {"SGD", "must be a leaf", "recorded"});
+  expect_error([&] { Adam({Tensor()}, AdamOptions{}); }, {"Adam", "undefined", "leaf"});
 }
 
 TEST(OptimMisuse, ClipGradNormRejectsAnUndefinedParameterButSkipsMissingGrads) {

@@ -123,13 +123,57 @@ TEST_F(CudaTest, IntegerOverflowWrapsAsOnTheCpu) {
     SCOPED_TRACE(dtype_name(ac.dtype()));
     Tensor a = ac.to(kCuda), b = bc.to(kCuda);
     using BinaryFn = Tensor (*)(const Tensor&, const Tensor&);
-    for (BinaryFn fn : std::initializer_list<BinaryFn>{&add, &sub, &mul, &div}) {
+    for (BinaryFn fn : std::initializer_list<BinaryFn>{&add, &sub, &mul, &div, &pow}) {
       EXPECT_TRUE(expect_matches_cpu(fn(a, b), fn(ac, bc), {0, 0}));
     }
     EXPECT_TRUE(expect_matches_cpu(neg(a), neg(ac), {0, 0}));
     EXPECT_TRUE(expect_matches_cpu(abs(a), abs(ac), {0, 0}));
     EXPECT_TRUE(expect_matches_cpu(sum(a.narrow(0, 0, 1).expand({3})), sum(ac.narrow(0, 0, 1).expand({3})), {0, 0}));
   }
+}
+
+// Edge cases where the CUDA kernels once differed from the CPU's (review of the 11th session).
+TEST_F(CudaTest, KernelEdgeCasesMatchTheCpu) {
+  // A scalar that does not fit the integer dtype saturates as on the CPU (it was a
+  // static_cast: INT_MIN on x86); an integer division by a scalar that is 0 as an integer throws.
+  Tensor ints_cpu = Tensor::from_vector<int32_t>({1, -1, 3}, {3});
+  Tensor ints = ints_cpu.to(kCuda);
+  EXPECT_TRUE(expect_matches_cpu(mul(ints, 1e30), mul(ints_cpu, 1e30), {0, 0}));
+  EXPECT_TRUE(expect_matches_cpu(mul(ints, std::nan("")), mul(ints_cpu, std::nan("")), {0, 0}));
+  EXPECT_THROW(div(ints, 0.5), Error);
+  // Integer pow is exact (3^39 needs 62 bits).
+  Tensor base = Tensor::from_vector<int64_t>({3, -1, 5}, {3});
+  Tensor expo = Tensor::from_vector<int64_t>({39, -3, -1}, {3});
+  EXPECT_TRUE(expect_matches_cpu(pow(base.to(kCuda), expo.to(kCuda)), pow(base, expo), {0, 0}));
+  // Softmax of a 0-d tensor is 1 (log_softmax 0), as on the CPU.
+  Tensor scalar_cpu = full({}, 2.5);
+  EXPECT_TRUE(expect_matches_cpu(softmax(scalar_cpu.to(kCuda), 0), softmax(scalar_cpu, 0), {0, 0}));
+  EXPECT_TRUE(expect_matches_cpu(log_softmax(scalar_cpu.to(kCuda), 0), log_softmax(scalar_cpu, 0), {0, 0}));
+  // index_add_ with a 2-d index ([2, 3] positions into dim 0 of [10, 4]).
+  Tensor idx = Tensor::from_vector<int64_t>({0, 9, 3, 3, 5, 0}, {2, 3});
+  Tensor src = arange(0, 24, 1).reshape({2, 3, 4});
+  Tensor acc_cpu = zeros({10, 4});
+  Tensor acc = acc_cpu.to(kCuda);
+  index_add_(acc_cpu, 0, idx, src);
+  index_add_(acc, 0, idx.to(kCuda), src.to(kCuda));
+  EXPECT_TRUE(expect_matches_cpu(acc, acc_cpu, {0, 0}));
+  // max_pool2d_backward with indices outside the input plane adds nothing there (it was an
+  // out-of-bounds atomicAdd).
+  // (The CPU kernel throws for an index past the plane; a kernel cannot, so it skips it.)
+  Tensor bad = Tensor::from_vector<int64_t>({0, 4, -5, 3}, {1, 1, 2, 2});
+  Tensor g = full({1, 1, 2, 2}, 1.0);
+  EXPECT_EQ(max_pool2d_backward(g.to(kCuda), bad.to(kCuda), {1, 1, 2, 2}).to(Device::cpu()).to_vector<float>(),
+            (std::vector<float>{1, 0, 0, 1}));
+  // add_ with alpha in float16 rounds once: -60000 + 2 * 60000 = 60000, not inf.
+  Tensor y_cpu = full({3}, -60000.0, DType::kFloat16), x_cpu = full({3}, 60000.0, DType::kFloat16);
+  Tensor y = y_cpu.to(kCuda);
+  add_(y_cpu, x_cpu, 2.0);
+  add_(y, x_cpu.to(kCuda), 2.0);
+  EXPECT_TRUE(expect_matches_cpu(y, y_cpu, {0, 0}));
+  EXPECT_EQ(y.to(Device::cpu()).to(DType::kFloat32).to_vector<float>()[0], 60000.0f);
+  // Cross-entropy targets outside the classes throw on the GPU too (gather reads 0 there).
+  Tensor logits = zeros({2, 3}).to(kCuda);
+  EXPECT_THROW(cross_entropy(logits, Tensor::from_vector<int64_t>({0, 3}, {2}).to(kCuda)), Error);
 }
 
 TEST_F(CudaTest, ScalarOpsMatchCpu) {

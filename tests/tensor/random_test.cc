@@ -120,5 +120,22 @@ TEST(Generator, BernoulliAndRandperm) {
   EXPECT_EQ(randperm(1000, again).to_vector<int64_t>(), pv);
 }
 
+TEST(Generator, UniformStaysBelowHighInEveryDtype) {
+  // Rounding a draw just below 1 to bfloat16 (8-bit significand) or float16 gives 1.0 for
+  // about 0.2% / 0.02% of the values; those become `low`, as in PyTorch.
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16, DType::kFloat32}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Generator gen(7);
+    std::vector<float> v = rand({200000}, gen, dtype).to(DType::kFloat32).to_vector<float>();
+    EXPECT_LT(*std::max_element(v.begin(), v.end()), 1.0f);
+    EXPECT_GE(*std::min_element(v.begin(), v.end()), 0.0f);
+    Tensor t = Tensor::empty({200000}, dtype);
+    uniform_(t, 1.0, 2.0, gen);
+    std::vector<float> u = t.to(DType::kFloat32).to_vector<float>();
+    EXPECT_LT(*std::max_element(u.begin(), u.end()), 2.0f);
+    EXPECT_GE(*std::min_element(u.begin(), u.end()), 1.0f);
+  }
+}
+
 }  // namespace
 }  // namespace ringtrain
