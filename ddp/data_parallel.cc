@@ -27,6 +27,8 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::vector<Devic
     RT_CHECK(p.device() == devices_[0], "DataParallel: parameter '", name, "' is on ", p.device(),
              " but the module must be on the first device ", devices_[0], "; call module->to(",
              devices_[0], ") first");
+  // Registering does not change the module's train/eval flags (nor its children's: a
+  // BatchNorm frozen in eval mode inside a training model stays frozen).
   register_module("module", module_);  // parameters appear as "module.<name>", like PyTorch
   replicas_.resize(devices_.size());
   for (size_t i = 1; i < devices_.size(); ++i) {
@@ -35,18 +37,36 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::vector<Devic
   }
 }
 
-void DataParallel::sync_replica_state(size_t replica) {
+void DataParallel::sync_replica_state(size_t replica, const std::vector<uint64_t>& generator_keys) {
   nn::Module& r = *replicas_[replica];
+  // Train/eval flags module by module, as PyTorch's replicate keeps each submodule's own:
+  // a frozen BatchNorm (eval) inside a training model. named_modules() lists parents
+  // before their children, so each recursive train() below is corrected by the next ones.
   r.train(module_->is_training());
+  const auto original_modules = module_->named_modules(), replica_modules = r.named_modules();
+  RT_CHECK(original_modules.size() == replica_modules.size(), "DataParallel: the module's structure changed "
+           "after it was wrapped (", original_modules.size(), " submodules, the replicas have ",
+           replica_modules.size(), "); wrap it after building it");
+  for (size_t k = 0; k < original_modules.size(); ++k)
+    replica_modules[k].second->train(original_modules[k].second->is_training());
+  // Generators a module owns (a Dropout with its own seed): replica i draws from a stream
+  // keyed by this forward's key from the original generator, plus i. A copy of the
+  // original's state would give every replica the same masks.
+  const auto replica_generators = r.named_generators();
+  for (size_t k = 0; k < replica_generators.size() && k < generator_keys.size(); ++k)
+    *replica_generators[k].second = Generator(generator_keys[k] + replica);
   // Parameters: differentiable copies of the originals (their gradients flow home).
   // Every name, duplicates included: a tied weight lives in several modules' slots (the
   // clone keeps them tied, but assigning through one name replaces only that slot), and
   // each slot must hold this forward's copy, or that use computes with a stale tensor.
   for (auto& [name, p] : module_->named_parameters(true, /*remove_duplicate=*/false))
     r.param(name) = to_device(p, devices_[replica]);
-  // Buffers: this forward's copy of the originals' values.
+  // Buffers: this forward's copy of the originals' values, as new tensors so that a dtype
+  // or device the module was moved to since (dp.to(...)) reaches the replicas too; on the
+  // same device a clone, so the replica's BatchNorm updates its own copy.
   autograd::NoGradGuard no_grad;
-  for (auto& [name, b] : module_->named_buffers(true, /*remove_duplicate=*/false)) r.buffer(name).copy_(b);
+  for (auto& [name, b] : module_->named_buffers(true, /*remove_duplicate=*/false))
+    r.buffer(name) = b.device() == devices_[replica] ? b.clone() : b.to(devices_[replica]);
 }
 
 Tensor DataParallel::forward(const Tensor& input) {
@@ -59,9 +79,18 @@ Tensor DataParallel::forward(const Tensor& input) {
   std::vector<Tensor> chunks = ag::chunk(input, static_cast<int64_t>(n), 0);
   const size_t used = chunks.size();
   // 2. replicate. All graph wiring for the originals happens here, on this thread,
-  // so the replica threads only touch their own tensors.
+  // so the replica threads only touch their own tensors. One key per generator the
+  // module owns, drawn from it: the original (replica 0) moves on, and checkpoints that
+  // save its state reproduce every replica's stream.
+  std::vector<uint64_t> generator_keys;
+  if (used > 1)
+    for (auto& [name, gen] : module_->named_generators()) {
+      uint32_t words[2];
+      gen->next_uint32(words, 2);
+      generator_keys.push_back((static_cast<uint64_t>(words[1]) << 32) | words[0]);
+    }
   for (size_t i = 1; i < used; ++i) {
-    sync_replica_state(i);
+    sync_replica_state(i, generator_keys);
     chunks[i] = to_device(chunks[i], devices_[i]);
   }
   if (chunks[0].device() != devices_[0]) chunks[0] = to_device(chunks[0], devices_[0]);
@@ -105,8 +134,12 @@ Tensor DataParallel::forward(const Tensor& input) {
       }
     }
 
-  // 4. gather on the first device
-  for (size_t i = 1; i < used; ++i) outputs[i] = to_device(outputs[i], devices_[0]);
+  // 4. gather on the first device. Scalar outputs (a loss computed inside forward) are
+  // gathered as a vector of one value per replica, as PyTorch's gather does.
+  for (size_t i = 0; i < used; ++i) {
+    if (outputs[i].dim() == 0) outputs[i] = ag::reshape(outputs[i], {1});
+    if (i > 0) outputs[i] = to_device(outputs[i], devices_[0]);
+  }
   return ag::cat(outputs, 0);
 }
 

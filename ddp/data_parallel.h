@@ -11,7 +11,8 @@
 //               — the autograd engine does the summing, no extra code;
 //   3. parallel_apply  the replicas run their forward in parallel: replica 0 on the
 //                      calling thread, each other one on a thread of its own;
-//   4. gather   the outputs are moved to the first device and concatenated.
+//   4. gather   the outputs are moved to the first device and concatenated (scalar
+//               outputs become a vector of one value per replica).
 // Replica 0 is the wrapped module itself on devices[0]: its buffers (BatchNorm
 // running statistics) are the real ones; the other replicas get copies of the
 // buffers at each forward and their updates are discarded, as in PyTorch.
@@ -21,6 +22,7 @@
 // is ddp2 (DataParallel inside a node, DDP across nodes).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -44,7 +46,9 @@ class DataParallel : public nn::Module {
   const std::vector<Device>& devices() const { return devices_; }
 
  private:
-  void sync_replica_state(size_t replica);
+  // Before each forward: replica's train/eval flags, parameters (differentiable copies),
+  // buffers (values) and owned generators (keyed by generator_keys) from the original.
+  void sync_replica_state(size_t replica, const std::vector<uint64_t>& generator_keys);
 
   std::shared_ptr<nn::Module> module_;                 // the original (= replica 0)
   std::vector<Device> devices_;                        // one replica per entry

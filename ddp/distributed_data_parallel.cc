@@ -10,17 +10,35 @@ namespace ringtrain::ddp {
 
 namespace {
 constexpr size_t kMaxDims = 8;
-// One parameter's signature: dtype, requires_grad, rank, dims. requires_grad is in
-// it because it decides which parameters the Reducer buckets: a parameter frozen
-// on one rank only would give the ranks different bucket layouts, and the first
-// allreduce would fail on a size mismatch that names no parameter.
+// One tensor's signature: dtype, requires_grad, rank, dims. requires_grad is in it
+// because it decides which parameters the Reducer buckets: a parameter frozen on one
+// rank only would give the ranks different bucket layouts, and the first allreduce
+// would fail on a size mismatch that names no parameter. A tensor of more than
+// kMaxDims dims keeps its first kMaxDims - 1 sizes and a hash of the rest.
 constexpr size_t kSignatureWords = 3 + kMaxDims;
 
-std::string describe_signature(const int64_t* s) {
+void fill_signature(const Tensor& t, bool is_parameter, int64_t* s) {
+  s[0] = static_cast<int64_t>(t.dtype());
+  s[1] = is_parameter && autograd::requires_grad(t) ? 1 : 0;
+  s[2] = t.dim();
+  const int64_t kept = t.dim() <= static_cast<int64_t>(kMaxDims) ? t.dim() : kMaxDims - 1;
+  for (int64_t d = 0; d < kept; ++d) s[3 + d] = t.size(d);
+  if (kept < t.dim()) {
+    uint64_t hash = 1469598103934665603ull;  // FNV-1a over the remaining sizes
+    for (int64_t d = kept; d < t.dim(); ++d) hash = (hash ^ static_cast<uint64_t>(t.size(d))) * 1099511628211ull;
+    s[3 + kept] = static_cast<int64_t>(hash);
+  }
+}
+
+std::string describe_signature(const int64_t* s, bool is_parameter) {
   std::ostringstream os;
   os << dtype_name(static_cast<DType>(s[0])) << "[";
-  for (int64_t d = 0; d < s[2] && d < static_cast<int64_t>(kMaxDims); ++d) os << (d ? ", " : "") << s[3 + d];
-  os << "]" << (s[1] ? " requiring grad" : " frozen (requires_grad=false)");
+  const bool folded = s[2] > static_cast<int64_t>(kMaxDims);
+  const int64_t shown = folded ? kMaxDims - 1 : s[2];
+  for (int64_t d = 0; d < shown; ++d) os << (d ? ", " : "") << s[3 + d];
+  if (folded) os << ", ... (" << s[2] << " dims)";
+  os << "]";
+  if (is_parameter) os << (s[1] ? " requiring grad" : " frozen (requires_grad=false)");
   return os.str();
 }
 }  // namespace
@@ -32,8 +50,10 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   RT_CHECK(module_ != nullptr, "DistributedDataParallel: module is null");
   RT_CHECK(group_ != nullptr, "DistributedDataParallel: process group is null; call "
                               "comm::init_process_group() first");
-  verify_same_parameters();
-  broadcast_state(/*parameters=*/true, /*buffers=*/true);
+  verify_same_state();
+  // Buffers only with broadcast_buffers, as PyTorch's _sync_module_states: a model whose
+  // buffers differ by design (per-rank statistics) keeps them.
+  broadcast_state(/*parameters=*/true, /*buffers=*/options_.broadcast_buffers);
   std::vector<Tensor> params;
   std::vector<std::string> names;
   for (auto& [name, p] : module_->named_parameters()) {
@@ -52,10 +72,16 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   reducer_ = std::make_unique<Reducer>(std::move(params), std::move(names), group_, reducer_options);
 }
 
-void DistributedDataParallel::verify_same_parameters() {
-  auto named = module_->named_parameters();
+void DistributedDataParallel::verify_same_state() {
+  verify_same_tensors(module_->named_parameters(), /*parameters=*/true);
+  verify_same_tensors(module_->named_buffers(), /*parameters=*/false);
+}
+
+void DistributedDataParallel::verify_same_tensors(const std::vector<std::pair<std::string, Tensor>>& named,
+                                                  bool parameters) {
+  const char* kind = parameters ? "parameter" : "buffer";
   const int world = group_->size();
-  // 1. the number of parameters on every rank
+  // 1. the number of tensors on every rank
   int64_t count = static_cast<int64_t>(named.size());
   std::vector<int64_t> counts(world);
   group_->allgather({&count, 1, DType::kInt64, Device::cpu()}, {counts.data(), counts.size(), DType::kInt64, Device::cpu()})
@@ -63,23 +89,14 @@ void DistributedDataParallel::verify_same_parameters() {
   for (int r = 0; r < world; ++r) {
     if (counts[r] == counts[0]) continue;
     std::ostringstream os;
-    os << "DistributedDataParallel: ranks have different models: rank 0 has " << counts[0]
-       << " parameters but rank " << r << " has " << counts[r]
+    os << "DistributedDataParallel: ranks have different models: rank 0 has " << counts[0] << " " << kind
+       << "s but rank " << r << " has " << counts[r]
        << "; every rank must construct the same model before wrapping it in DDP";
     throw Error(os.str());
   }
   // 2. dtype, requires_grad and shape of each, in order
   std::vector<int64_t> mine(named.size() * kSignatureWords, 0);
-  for (size_t i = 0; i < named.size(); ++i) {
-    const Tensor& p = named[i].second;
-    RT_CHECK(p.dim() <= static_cast<int64_t>(kMaxDims), "DistributedDataParallel: parameter '",
-             named[i].first, "' has more than ", kMaxDims, " dims");
-    int64_t* s = &mine[i * kSignatureWords];
-    s[0] = static_cast<int64_t>(p.dtype());
-    s[1] = autograd::requires_grad(p) ? 1 : 0;
-    s[2] = p.dim();
-    for (int64_t d = 0; d < p.dim(); ++d) s[3 + d] = p.size(d);
-  }
+  for (size_t i = 0; i < named.size(); ++i) fill_signature(named[i].second, parameters, &mine[i * kSignatureWords]);
   std::vector<int64_t> all(mine.size() * world);
   group_->allgather({mine.data(), mine.size(), DType::kInt64, Device::cpu()}, {all.data(), all.size(), DType::kInt64, Device::cpu()})
       .wait(group_->options().timeout);
@@ -89,11 +106,11 @@ void DistributedDataParallel::verify_same_parameters() {
       const int64_t* other = &all[(r * named.size() + i) * kSignatureWords];
       if (std::equal(reference, reference + kSignatureWords, other)) continue;
       std::ostringstream os;
-      os << "DistributedDataParallel: ranks have different models: parameter #" << i << " ('"
-         << named[i].first << "' here on rank " << group_->rank() << ") is " << describe_signature(reference)
-         << " on rank 0 but " << describe_signature(other) << " on rank " << r
-         << "; every rank must construct the same model, and freeze the same parameters, "
-            "before wrapping it in DDP";
+      os << "DistributedDataParallel: ranks have different models: " << kind << " #" << i << " ('"
+         << named[i].first << "' here on rank " << group_->rank() << ") is "
+         << describe_signature(reference, parameters) << " on rank 0 but " << describe_signature(other, parameters)
+         << " on rank " << r << "; every rank must construct the same model"
+         << (parameters ? ", and freeze the same parameters," : "") << " before wrapping it in DDP";
       throw Error(os.str());
     }
   }
@@ -126,10 +143,13 @@ void DistributedDataParallel::pre_forward() {
 }
 
 void DistributedDataParallel::post_forward(const std::vector<Tensor>& outputs) {
-  // With grad mode off there will be no backward to reduce for.
+  // With grad mode off there will be no backward to reduce for, and the reducer is left
+  // alone: a no-grad forward between a forward and its backward (a teacher or EMA target
+  // computed with the same model) must not turn that backward into a no_sync one, which
+  // would skip its allreduces on every rank. PyTorch skips prepare_for_backward too.
   bool will_backward = autograd::grad_enabled();
   sync_buffers_next_forward_ = sync_ && will_backward;
-  reducer_->prepare_for_backward(outputs, sync_ && will_backward);
+  if (will_backward) reducer_->prepare_for_backward(outputs, sync_);
   reducer_->mutable_stats().forward_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - forward_start_).count();
 }

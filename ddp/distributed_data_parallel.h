@@ -3,11 +3,12 @@
 // defines: DdpOptions, DistributedDataParallel (with NoSyncGuard).
 //
 // Construction (a collective: every rank must construct at the same point):
-//   1. verify that every rank has the same parameters (count, then dtype,
-//      requires_grad and shape of each, in order; a tensor reached under two names,
-//      tied weights, counts once); on mismatch throw naming the first differing parameter
-//      and the ranks, instead of hanging or silently averaging unrelated tensors;
-//   2. broadcast parameters and buffers from rank 0, so all replicas start equal;
+//   1. verify that every rank has the same parameters and buffers (count, then
+//      dtype, requires_grad and shape of each, in order; a tensor reached under two
+//      names, tied weights, counts once); on mismatch throw naming the first differing
+//      tensor and the ranks, instead of hanging or silently averaging unrelated tensors;
+//   2. broadcast parameters (and buffers, with broadcast_buffers) from rank 0, so all
+//      replicas start equal;
 //   3. build the Reducer (buckets + post-accumulate hooks on every parameter).
 // Each forward(): broadcast buffers from rank 0 (BatchNorm statistics), run the
 // module, and tell the Reducer a backward is coming. The backward itself is plain
@@ -73,7 +74,10 @@ class DistributedDataParallel {
   const StepStats& last_stats() const { return reducer_->last_stats(); }
 
  private:
-  void verify_same_parameters();
+  // Every rank has the same parameters and buffers (count, dtype, shape, and which
+  // parameters require grad); else an error naming the first that differs.
+  void verify_same_state();
+  void verify_same_tensors(const std::vector<std::pair<std::string, Tensor>>& named, bool parameters);
   void broadcast_state(bool parameters, bool buffers);
 
   std::shared_ptr<nn::Module> module_;          // the replica on this rank

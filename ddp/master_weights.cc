@@ -23,6 +23,9 @@ std::vector<Tensor> MasterWeights::copy_grads_to_masters() {
     if (master_grad.defined() && master_grad.is_same(g)) master_grad = g.clone();  // never alias the model's grad
     autograd::set_grad(masters_[i], master_grad);
     grads.push_back(master_grad);
+    // The gradient moves to the master: the model's is cleared, so the next backward starts
+    // from none instead of adding to this step's (opt.zero_grad() clears only the masters).
+    autograd::set_grad(model_params_[i], Tensor());
   }
   return grads;
 }

@@ -44,7 +44,10 @@ class MasterWeights {
   // float32 leaves that require grad, one per model parameter, same order.
   const std::vector<Tensor>& master_params() const { return masters_; }
   // Sets each master's .grad to its model parameter's gradient in float32 (undefined
-  // when the model parameter has none) and returns them, for LossScaler::step.
+  // when the model parameter has none) and returns them, for LossScaler::step. The
+  // model's gradients are cleared (set to none): they moved to the masters, so the
+  // recipe above needs no model->zero_grad() (micro-batches accumulate as usual before
+  // this call).
   std::vector<Tensor> copy_grads_to_masters();
   // Writes the masters back into the model's parameters (rounded to their dtype).
   void copy_masters_to_model();

@@ -335,9 +335,19 @@ void Reducer::launch_ready_buckets() {
     bucket.launch_time = Clock::now();
     bucket.launched = true;
     if (passthrough()) continue;  // an empty Work: already complete
-    CommHookResult result = comm_hook_(*group_, bucket);
-    bucket.work = std::move(result.work);
-    bucket.finish = std::move(result.finish);
+    try {
+      CommHookResult result = comm_hook_(*group_, bucket);
+      bucket.work = std::move(result.work);
+      bucket.finish = std::move(result.finish);
+    } catch (const std::exception& e) {
+      // The hook (a user's, or a compression cast out of memory) issued no collective
+      // for this bucket, so the peers would wait in theirs until the timeout: abort the
+      // group with the reason, and they fail at once with it.
+      const std::string reason = detail::concat("DDP: the communication hook failed for bucket ",
+                                                next_bucket_ - 1, " on rank ", group_->rank(), ": ", e.what());
+      if (group_->size() > 1) group_->abort(reason);
+      throw Error(reason);
+    }
   }
 }
 

@@ -3,6 +3,8 @@
 // ("ph": "i") and metadata ("ph": "M") naming the lanes.
 #include "ddp/timeline.h"
 
+#include <map>
+
 #include <nlohmann/json.hpp>
 
 #include "tensor/safetensors.h"
@@ -34,9 +36,16 @@ void write_chrome_trace(const std::string& path, const Reducer& reducer, double 
   for (const auto& [index, ms] : reducer.last_grad_ready_times())
     events.push_back({{"ph", "i"}, {"s", "t"}, {"name", "grad " + reducer.parameter_name(index)}, {"pid", rank},
                       {"tid", kGrads}, {"ts", us(ms)}});
+  // Buckets launch strictly in index order, so bucket b waited for its turn only when
+  // bucket b - 1 was launched after b became ready (launch and ready are two clock
+  // readings, so launch > ready alone holds for every bucket).
+  std::map<size_t, double> launch_ms_of;
+  for (const auto& t : reducer.last_bucket_timings()) launch_ms_of[t.bucket] = t.launch_ms;
   for (const auto& t : reducer.last_bucket_timings()) {
     std::string bucket = "bucket " + std::to_string(t.bucket);
-    if (t.launch_ms > t.ready_ms) span(kComm, bucket + ": waiting for its turn", us(t.ready_ms), us(t.launch_ms));
+    auto previous = t.bucket > 0 ? launch_ms_of.find(t.bucket - 1) : launch_ms_of.end();
+    if (previous != launch_ms_of.end() && previous->second > t.ready_ms)
+      span(kComm, bucket + ": waiting for its turn", us(t.ready_ms), us(t.launch_ms));
     span(kComm, "allreduce " + bucket, us(t.launch_ms), us(t.done_ms),
          {{"bytes", t.bytes}, {"MiB", static_cast<double>(t.bytes) / (1 << 20)}});
   }

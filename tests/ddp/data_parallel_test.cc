@@ -126,6 +126,73 @@ TEST(DataParallelTest, UnseededDropoutInReplicasIsDeterministic) {
   EXPECT_NE(out.select(0, 0).to_vector<float>(), out.select(0, 4).to_vector<float>());
 }
 
+// A Dropout with its own seed owns its generator; each replica is a clone holding a copy
+// of it. Before, every replica drew the same masks as replica 0 at every forward.
+TEST(DataParallelTest, SeededDropoutDrawsADifferentMaskInEveryReplica) {
+  Generator init(3);
+  auto seq = nn::make<nn::Sequential>();
+  seq->push_back(nn::make<nn::Linear>(6, 64, true, init));
+  seq->push_back(nn::make<nn::Dropout>(0.5, /*seed=*/1234));
+  DataParallel dp(seq, std::vector<Device>(4, Device::cpu()));
+  Generator data(4);
+  Tensor x = randn({1, 6}, data).expand({8, 6}).contiguous();  // every row the same
+  for (int step = 0; step < 2; ++step) {
+    Tensor out = dp.forward(x);  // 2 rows per replica
+    for (int64_t replica = 1; replica < 4; ++replica)
+      EXPECT_NE(out.select(0, 0).to_vector<float>(), out.select(0, 2 * replica).to_vector<float>())
+          << "replica " << replica << " step " << step;
+  }
+}
+
+// Train/eval flags are kept module by module: a BatchNorm frozen in eval mode inside a
+// training model stays frozen when the model is wrapped (registering it used to set every
+// submodule to the parent's mode) and in every replica (which used to get the root's flag).
+TEST(DataParallelTest, SubmodulesKeepTheirOwnTrainEvalModes) {
+  auto make = [] {
+    Generator gen(21);
+    auto seq = nn::make<nn::Sequential>();
+    seq->push_back(nn::make<nn::Linear>(6, 5, true, gen));
+    seq->push_back(nn::make<nn::BatchNorm1d>(5));
+    return seq;
+  };
+  auto single = make(), wrapped = make();
+  single->named_modules()[1].second->eval();  // frozen BatchNorm: uses its running stats
+  wrapped->named_modules()[1].second->eval();
+  DataParallel dp(wrapped, std::vector<Device>(2, Device::cpu()));
+  EXPECT_TRUE(wrapped->is_training());
+  EXPECT_FALSE(wrapped->named_modules()[1].second->is_training());
+  Generator gen(22);
+  Tensor x = randn({8, 6}, gen);
+  EXPECT_LT(max_abs_diff(single->forward(x), dp.forward(x)), 1e-6);  // both replicas frozen
+}
+
+// A module whose forward returns a scalar (a loss computed inside forward).
+class MeanLoss : public nn::Cloneable<MeanLoss> {
+ public:
+  MeanLoss() : Cloneable("MeanLoss") {}
+  Tensor forward(const Tensor& input) override { return ag::mean(input); }
+};
+
+// dp.to(dtype) after construction reaches the replicas' buffers too (they were copied
+// into the replicas' old float32 tensors), and a scalar output is gathered as a vector.
+TEST(DataParallelTest, MovedModulesAndScalarOutputsWork) {
+  Generator gen(23);
+  auto seq = nn::make<nn::Sequential>();
+  seq->push_back(nn::make<nn::Linear>(6, 5, true, gen));
+  seq->push_back(nn::make<nn::BatchNorm1d>(5));
+  DataParallel dp(seq, std::vector<Device>(2, Device::cpu()));
+  dp.to(Device::cpu(), DType::kFloat64);
+  dp.eval();
+  Tensor x = randn({4, 6}, gen).to(DType::kFloat64);
+  Tensor out = dp.forward(x);
+  EXPECT_EQ(out.dtype(), DType::kFloat64);
+  EXPECT_LT(max_abs_diff(out, seq->forward(x)), 1e-12);
+
+  DataParallel scalar(std::make_shared<MeanLoss>(), std::vector<Device>(2, Device::cpu()));
+  Tensor losses = scalar.forward(Tensor::from_vector<float>({1, 3, 5, 7}, {4, 1}));
+  EXPECT_EQ(losses.to_vector<float>(), (std::vector<float>{2, 6}));
+}
+
 TEST(DataParallelTest, ClearErrors) {
   auto m = make_mlp(1);
   EXPECT_THROW(DataParallel(m, {}), Error);

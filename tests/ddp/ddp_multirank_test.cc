@@ -505,6 +505,32 @@ TEST(DdpMultiRank, ParameterUnusedOnSomeRanksOnlyFailsEveryRankNamingIt) {
   g_world->barrier().wait();
 }
 
+// A communication hook that throws on one rank aborts the group: the other ranks fail at
+// once with its message. Before, they waited in that bucket's allreduce for the collective
+// timeout (10 minutes by default).
+TEST(DdpMultiRank, ACommHookThrowingOnOneRankFailsEveryRankWithItsMessage) {
+  if (g_world->size() < 2) GTEST_SKIP() << "needs a second rank to wait for the failing one";
+  auto group = g_world->split(0, g_world->rank());
+  auto model = make_mlp(43);
+  DistributedDataParallel ddp(model, group);
+  const bool fail_here = g_world->rank() == 1;
+  ddp.register_comm_hook([fail_here](comm::ProcessGroup& pg, Bucket& bucket) -> CommHookResult {
+    if (fail_here) throw Error("the user's hook failed on purpose");
+    return allreduce_average_hook(pg, bucket);
+  });
+  Batch b = rank_slice(global_batch(0));
+  const auto start = std::chrono::steady_clock::now();
+  if (fail_here) {
+    expect_error([&] { autograd::backward(ag::cross_entropy(ddp(b.x), b.y)); },
+                 {"communication hook failed for bucket 0 on rank 1", "the user's hook failed on purpose"});
+  } else {
+    expect_error([&] { autograd::backward(ag::cross_entropy(ddp(b.x), b.y)); },
+                 {"the user's hook failed on purpose"});
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
+  g_world->barrier().wait();
+}
+
 TEST(DdpMultiRank, NoSyncAccumulatesLocallyAndReducesTheSum) {
   auto model = make_mlp(19 + g_world->rank());
   auto reference = make_mlp(19);
@@ -569,6 +595,34 @@ TEST(DdpMultiRank, UnevenNumbersOfNoGradForwardsKeepCollectivesInStep) {
     Tensor root = mine.clone();
     g_world->broadcast({root.data_ptr(), static_cast<size_t>(root.numel()), DType::kFloat32, Device::cpu()}, 0).wait();
     EXPECT_EQ(mine.to_vector<float>(), root.to_vector<float>()) << name;
+  }
+}
+
+// A no-grad forward between a forward and its backward (a teacher or EMA target computed
+// with the same model) leaves that backward synced. It used to turn it into a no_sync
+// backward: no allreduce on any rank, and the replicas drifted apart without an error.
+TEST(DdpMultiRank, ANoGradForwardBeforeTheBackwardKeepsItSynced) {
+  auto model = make_mlp(41 + g_world->rank());
+  auto reference = make_mlp(41);
+  DistributedDataParallel ddp(model, g_world);
+  nn::SGD opt(model->parameters(), nn::SGDOptions{.lr = 0.1});
+  nn::SGD opt_ref(reference->parameters(), nn::SGDOptions{.lr = 0.1});
+  for (int step = 0; step < 3; ++step) {
+    opt.zero_grad();
+    opt_ref.zero_grad();
+    Batch global = global_batch(step);
+    Batch local = rank_slice(global);
+    Tensor out = ddp(local.x);
+    {
+      autograd::NoGradGuard no_grad;
+      ddp(local.x);  // the "teacher" forward
+    }
+    autograd::backward(ag::cross_entropy(out, local.y));
+    autograd::backward(ag::cross_entropy(reference->forward(global.x), global.y));
+    opt.step();
+    opt_ref.step();
+    expect_same_parameters(*model, *reference);
+    if (::testing::Test::HasFailure()) return;
   }
 }
 
@@ -653,6 +707,50 @@ TEST(DdpMultiRank, MismatchedModelsAreNamedAtConstruction) {
     EXPECT_NE(msg.find("0.weight"), std::string::npos) << msg;
     EXPECT_NE(msg.find("rank 1"), std::string::npos) << msg;
   }
+}
+
+// A module with one parameter and one buffer whose shapes the test chooses per rank.
+class Shaped : public nn::Module {
+ public:
+  Shaped(const Shape& param_shape, const Shape& buffer_shape) : Module("Shaped") {
+    register_parameter("w", zeros(param_shape));
+    register_buffer("stats", zeros(buffer_shape));
+  }
+};
+
+// Buffers are verified like parameters: before, a buffer of another size on one rank
+// made the constructor's broadcast time out (10 minutes) or fail on a byte count that
+// named no buffer.
+TEST(DdpMultiRank, MismatchedBuffersAreNamedAtConstruction) {
+  if (g_world->size() < 2) GTEST_SKIP() << "needs a second rank to disagree with";
+  auto model = std::make_shared<Shaped>(Shape{3}, Shape{g_world->rank() == 1 ? 5 : 3});
+  expect_error([&] { DistributedDataParallel ddp(model, g_world); },
+               {"different models", "buffer #0", "'stats'", "float32[3] on rank 0", "float32[5] on rank 1"});
+}
+
+// A parameter of more than 8 dims is compared too (its trailing sizes as a hash), not
+// refused on the rank that has it while the others wait.
+TEST(DdpMultiRank, ParametersOfManyDimsAreComparedNotRefused) {
+  const Shape nine(9, 1);
+  EXPECT_NO_THROW(DistributedDataParallel(std::make_shared<Shaped>(nine, Shape{2}), g_world));
+  if (g_world->size() < 2) return;
+  Shape other = nine;
+  if (g_world->rank() == 1) other[8] = 2;
+  expect_error([&] { DistributedDataParallel ddp(std::make_shared<Shaped>(other, Shape{2}), g_world); },
+               {"different models", "parameter #0", "'w'", "(9 dims)"});
+}
+
+// With broadcast_buffers=false the constructor leaves each rank's buffers alone (as
+// PyTorch's _sync_module_states does); parameters are still broadcast.
+TEST(DdpMultiRank, BroadcastBuffersFalseKeepsEachRanksBuffers) {
+  auto model = std::make_shared<Shaped>(Shape{2}, Shape{2});
+  Tensor stats = model->named_buffers()[0].second, w = model->named_parameters()[0].second;
+  fill_(stats, g_world->rank());
+  fill_(w, g_world->rank() + 10);
+  DistributedDataParallel ddp(model, g_world, DdpOptions{.broadcast_buffers = false});
+  EXPECT_EQ(model->named_buffers()[0].second.to_vector<float>(),
+            std::vector<float>(2, static_cast<float>(g_world->rank())));
+  EXPECT_EQ(model->named_parameters()[0].second.to_vector<float>(), std::vector<float>(2, 10.0f));
 }
 
 TEST(DdpMultiRank, LossScalerSkipsTheSameStepsOnEveryRank) {
