@@ -16,7 +16,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <limits>
+
+#include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include "autograd/autograd.h"
 #include "autograd/functions.h"
@@ -26,6 +30,7 @@
 #include "ddp/distributed_sampler.h"
 #include "ddp/hierarchical_allreduce.h"
 #include "ddp/loss_scaler.h"
+#include "ddp/timeline.h"
 #include "nn/layers.h"
 #include "nn/optim.h"
 #include "tensor/cuda/runtime.h"
@@ -751,6 +756,32 @@ TEST(DdpMultiRank, BroadcastBuffersFalseKeepsEachRanksBuffers) {
   EXPECT_EQ(model->named_buffers()[0].second.to_vector<float>(),
             std::vector<float>(2, static_cast<float>(g_world->rank())));
   EXPECT_EQ(model->named_parameters()[0].second.to_vector<float>(), std::vector<float>(2, 10.0f));
+}
+
+// The timeline draws "waiting for its turn" only for a bucket whose predecessor was
+// launched after it became ready. After the rebuild, buckets become ready in index order,
+// so none waits; the span used to be drawn for every bucket (launch and ready are two
+// clock readings, so launch > ready always held).
+TEST(DdpMultiRank, TimelineDrawsAWaitOnlyForABucketThatWaited) {
+  auto model = make_mlp(47);  // one parameter per bucket: 4 buckets
+  DistributedDataParallel ddp(model, g_world, DdpOptions{.bucket_cap_bytes = 1, .first_bucket_bytes = 1});
+  for (int step = 0; step < 3; ++step) {  // step 1 rebuilds the buckets in ready order
+    Batch b = rank_slice(global_batch(step));
+    autograd::backward(ag::cross_entropy(ddp(b.x), b.y));
+  }
+  const std::string path = "/tmp/ringtrain-timeline-test-" + std::to_string(getpid()) + ".json";
+  write_chrome_trace(path, ddp.reducer(), 1.0, g_world->rank());
+  nlohmann::json trace = nlohmann::json::parse(std::ifstream(path));
+  std::remove(path.c_str());
+  size_t allreduces = 0, waits = 0;
+  for (const auto& event : trace.at("traceEvents")) {
+    const std::string name = event.at("name");
+    allreduces += name.rfind("allreduce bucket", 0) == 0;
+    waits += name.find("waiting for its turn") != std::string::npos;
+  }
+  EXPECT_EQ(allreduces, ddp.reducer().buckets().size());
+  EXPECT_GE(allreduces, 4u);
+  EXPECT_EQ(waits, 0u);
 }
 
 TEST(DdpMultiRank, LossScalerSkipsTheSameStepsOnEveryRank) {
