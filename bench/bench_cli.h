@@ -5,7 +5,8 @@
 //          add_byte_size_option (an option bound to a byte count, its default
 //          shown the way it is typed), check_writable (an output path fails before
 //          the run, not after it), write_text_file (a write that reports failure),
-//          check_fits_in_memory (a size that cannot fit is an error, not an OOM kill).
+//          check_fits_in_memory (a size that cannot fit is an error, not an OOM kill),
+//          median (of an even count, the mean of the two middle samples).
 //
 // Errors come back as strings (empty: fine) for main() to print and turn into an
 // exit code; nothing here exits.
@@ -15,15 +16,18 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace ringtrain::bench {
 
@@ -151,6 +155,15 @@ inline std::string check_fits_in_memory(double bytes, const std::string& what) {
   };
   return what + " needs at least " + gib(bytes) + " GiB, more than this machine's " + gib(memory) +
          " GiB of memory";
+}
+
+// The median every benchmark quotes; of an even count, the mean of the two middle
+// samples (v[n / 2] alone would be the upper one).
+inline double median(std::vector<double> values) {
+  if (values.empty()) throw std::logic_error("median of no samples");
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
 }  // namespace ringtrain::bench

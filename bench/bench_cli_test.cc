@@ -166,4 +166,13 @@ TEST(CheckFitsInMemory, NamesBothSizes) {
 }
 
 }  // namespace
+// An even count's median is the mean of the two middle samples (ddp_step and
+// core_to_core used to quote the upper one).
+TEST(Median, OddAndEvenCounts) {
+  EXPECT_EQ(median({3, 1, 2}), 2);
+  EXPECT_EQ(median({4, 1, 3, 2}), 2.5);
+  EXPECT_EQ(median({5}), 5);
+  EXPECT_THROW(median({}), std::logic_error);
+}
+
 }  // namespace ringtrain::bench

@@ -39,9 +39,9 @@ if(RINGTRAIN_BUILD_TESTS)
 
   # core_to_core: sizes through the same parser ("4k" was 4 bytes, "1G" 1 byte), the ring
   # bounded as the transport bounds it, and a ring too large for memory an error, not a SIGSEGV.
-  add_test(NAME bench.core_to_core.lower_case_unit COMMAND $<TARGET_FILE:core_to_core> --message 4k --reps 2)
-  set_tests_properties(bench.core_to_core.lower_case_unit PROPERTIES LABELS bench-smoke TIMEOUT 60
-                       SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "message 4096 B through")
+  ringtrain_add_checked_test(bench.core_to_core.lower_case_unit EXPECT "message 4096 B through"
+                             COMMAND $<TARGET_FILE:core_to_core> --message 4k --reps 2)
+  set_tests_properties(bench.core_to_core.lower_case_unit PROPERTIES LABELS bench-smoke TIMEOUT 60)
   ringtrain_bench_expect_error(bench.core_to_core.size_abc EXPECT "--message: 'abc' is not a byte count"
                                COMMAND $<TARGET_FILE:core_to_core> --message abc)
   ringtrain_bench_expect_error(bench.core_to_core.slot_bytes_wrap

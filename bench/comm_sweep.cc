@@ -31,7 +31,10 @@
 //
 // Each repetition restores the input from a pristine copy (untimed) because the
 // allreduce is in place, then a barrier lines the ranks up, then the timed call.
-// Ours and MPI_Allreduce alternate repetition by repetition.
+// The same barrier before both (MPI_Barrier when MPI runs beside us): each time
+// includes how unevenly the barrier released the ranks, and with two barrier
+// implementations the small-message ratio would compare those too. Ours and
+// MPI_Allreduce alternate repetition by repetition.
 //
 // Before and after the sweep: memcpy on rank 0 (the memory's roof) and, with two
 // or more ranks on host buffers, the stream from rank 0 to rank 1 through the
@@ -65,12 +68,7 @@ namespace {
 
 using Seconds = std::chrono::duration<double>;
 
-double median(std::vector<double> values) {
-  if (values.empty()) throw std::logic_error("median of no samples");
-  std::sort(values.begin(), values.end());
-  size_t n = values.size();
-  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
+using bench::median;
 
 struct Result {
   double time_us = 0;
@@ -102,7 +100,7 @@ int run(int argc, char** argv, std::shared_ptr<ProcessGroup>& pg) {
   app.add_option("--backend", backend, "ring, mpi or nccl")
       ->check(CLI::IsMember({"ring", "mpi", "nccl"}))
       ->capture_default_str();
-  bench::add_byte_size_option(app, "--min-bytes", min_bytes, "smallest size; below 4 means 4 (one float)", 0,
+  bench::add_byte_size_option(app, "--min-bytes", min_bytes, "smallest size, rounded down to whole floats (4 bytes), at least one float", 0,
                               kMaxBytes);
   bench::add_byte_size_option(app, "--max-bytes", max_bytes,
                               "largest size, at most 4G (MPI_Allreduce counts elements in an int)", 4, kMaxBytes);
@@ -131,7 +129,9 @@ int run(int argc, char** argv, std::shared_ptr<ProcessGroup>& pg) {
       ->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   const Launch launch = launch_text == "blocking" ? Launch::kBlocking : Launch::kAsync;
-  min_bytes = std::max<uint64_t>(4, min_bytes);
+  // Whole floats, so that every row's bytes are the bytes reduced (6 bytes would time 4
+  // and report the bandwidth of 6).
+  min_bytes = std::max<uint64_t>(4, min_bytes / 4 * 4);
   if (min_bytes > max_bytes) {
     std::fprintf(stderr, "comm_sweep: --min-bytes %llu is larger than --max-bytes %llu: no size to measure\n",
                  static_cast<unsigned long long>(min_bytes), static_cast<unsigned long long>(max_bytes));
@@ -296,9 +296,21 @@ int run(int argc, char** argv, std::shared_ptr<ProcessGroup>& pg) {
       std::vector<double> times;
       int64_t wrong = 0;
     };
-    auto repeat_once = [&](Samples& samples, bool timed, auto&& allreduce, auto&& barrier) {
+    // The ranks are lined up by the same barrier before ours and before MPI's, so that
+    // both times include the same release skew (at 8 B, where a call takes a few
+    // microseconds, two barrier implementations would differ by as much as the calls):
+    // MPI_Barrier when MPI runs beside us, else ours.
+    auto line_up = [&] {
+      if (mpi_reference) {
+        std::lock_guard<std::mutex> lock(mpi_call_mutex());
+        MPI_Barrier(MPI_COMM_WORLD);
+      } else {
+        pg->barrier().wait();
+      }
+    };
+    auto repeat_once = [&](Samples& samples, bool timed, auto&& allreduce) {
       std::memcpy(data, pristine.data(), count * sizeof(float));
-      barrier();
+      line_up();
       auto t0 = std::chrono::steady_clock::now();
       allreduce();
       double t = Seconds(std::chrono::steady_clock::now() - t0).count();
@@ -309,7 +321,7 @@ int run(int argc, char** argv, std::shared_ptr<ProcessGroup>& pg) {
     auto ours_once = [&](Samples& samples, bool timed) {
       if (device.is_cuda()) {
         copy_host_to_device(device_data.get(), pristine.data(), count * sizeof(float), device.index);
-        pg->barrier().wait();
+        line_up();
         auto t0 = std::chrono::steady_clock::now();
         pg->allreduce({device_data.get(), count, DType::kFloat32, device}, ReduceOp::kSum, launch).wait();
         double t = Seconds(std::chrono::steady_clock::now() - t0).count();
@@ -319,22 +331,13 @@ int run(int argc, char** argv, std::shared_ptr<ProcessGroup>& pg) {
         for (size_t i = 0; i < count; ++i) samples.wrong += data[i] != expected_sum(n, i);
         return;
       }
-      repeat_once(
-          samples, timed,
-          [&] { pg->allreduce({data, count, DType::kFloat32}, ReduceOp::kSum, launch).wait(); },
-          [&] { pg->barrier().wait(); });
+      repeat_once(samples, timed, [&] { pg->allreduce({data, count, DType::kFloat32}, ReduceOp::kSum, launch).wait(); });
     };
     auto mpi_once = [&](Samples& samples, bool timed) {
-      repeat_once(
-          samples, timed,
-          [&] {
-            std::lock_guard<std::mutex> lock(mpi_call_mutex());
-            MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-          },
-          [&] {
-            std::lock_guard<std::mutex> lock(mpi_call_mutex());
-            MPI_Barrier(MPI_COMM_WORLD);
-          });
+      repeat_once(samples, timed, [&] {
+        std::lock_guard<std::mutex> lock(mpi_call_mutex());
+        MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      });
     };
     auto summarize = [&](const Samples& samples) {
       // the slowest rank's median is the collective's time

@@ -9,7 +9,8 @@
 //     ShmTransport (comm/shm_transport.cc), with its copy routine (comm::copy_bytes) and its
 //     default slots (128 KiB x 8). Every message is checked on arrival (#wrong).
 //   * single-core memcpy of 64 MiB, for comparison (the memory system, not the interconnect).
-// Medians over repetitions.
+// Bandwidths are medians over --reps repetitions; the latency is the mean over 20000 round
+// trips of one measurement (a single trip is too short for the clock).
 //
 // Why it exists: on the 2-vCPU VM this project is developed on, the ring allreduce has a
 // "slow mode" in which it runs at half speed while memcpy does not change. Run alternately
@@ -64,11 +65,7 @@ inline void spin_pause() {
 #endif
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) throw std::logic_error("median of no samples");
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using ringtrain::bench::median;
 
 // Half the round-trip time of one cache line between the two CPUs, in nanoseconds.
 double line_latency_ns(int cpu_a, int cpu_b, int trips) {

@@ -5,15 +5,15 @@ if(TARGET ringtrain_ddp)
   target_link_libraries(ddp_step PRIVATE ringtrain::ddp CLI11::CLI11 nlohmann_json::nlohmann_json)
   target_compile_options(ddp_step PRIVATE -Wall -Wextra -Wno-unused-parameter)
   if(RINGTRAIN_BUILD_TESTS)
-    # bench-smoke: a tiny model; exits 1 if the replicas ever differ.
-    add_test(NAME bench_ddp_step_smoke_mpirun_np2
-             COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe -np 2
-                     $<TARGET_FILE:ddp_step> --in-features 32 --width 64 --hidden 2 --batch 8
-                     --warmup 1 --rounds 2 --steps 2 --sweep-mb 0.01 1)
-    # One expression (several would pass on any one of them): the per-cap h is
-    # reported, then the replicas' check.
-    set_tests_properties(bench_ddp_step_smoke_mpirun_np2 PROPERTIES LABELS bench-smoke TIMEOUT 120
-                         PASS_REGULAR_EXPRESSION "best h over the cap sweep: -?[0-9.]+ at [0-9.]+ MiB.*#wrong = 0")
+    # bench-smoke: a tiny model; it exits 1 if the replicas differ or a DDP gradient is not
+    # the global batch's, and the test requires exit 0 as well as the output: the per-cap h
+    # reported, then the check (one expression: several would pass on any one of them).
+    ringtrain_add_checked_test(bench_ddp_step_smoke_mpirun_np2
+        EXPECT "best h over the cap sweep: -?[0-9.]+ at [0-9.]+ MiB.*#wrong = 0"
+        COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe -np 2
+                $<TARGET_FILE:ddp_step> --in-features 32 --width 64 --hidden 2 --batch 8
+                --warmup 1 --rounds 2 --steps 2 --sweep-mb 0.01 1)
+    set_tests_properties(bench_ddp_step_smoke_mpirun_np2 PROPERTIES LABELS bench-smoke TIMEOUT 120)
     # Bad input, one rank (no launcher): errors that name the option, not std::terminate,
     # a crash, or a table of zeros and -nan%.
     set(ddp_small --in-features 8 --width 8 --hidden 1 --batch 4 --warmup 1 --rounds 1 --steps 1 --sweep-mb 1)

@@ -24,9 +24,14 @@
 // drifts by 10% over a minute; timed in blocks, whichever configuration ran in a
 // slow minute looked worse (t_local was once 27.8 ms against 23 ms in the run
 // before). Interleaved, a drift moves all configurations alike.
-// Correctness while timing: after each DDP configuration every rank's parameters
-// must be bit-identical (a checksum per rank, compared across ranks); any
-// difference is counted in #wrong and makes the program exit 1.
+// Correctness while timing: after the rounds, for each DDP configuration, (1) every
+// rank's parameters must be bit-identical (a checksum per rank, compared across
+// ranks), and (2) one more DDP backward must give each parameter the gradient one
+// process computes on the global batch (every rank's data, rebuilt from the seeds)
+// with the same weights, within 1e-4 of the largest gradient of that parameter (1e-3
+// on a GPU). Identical replicas alone would pass a sum instead of an average, or a
+// bucket written back to the wrong parameter on every rank. Any failure is counted
+// in #wrong and makes the program exit 1.
 // --trace FILE writes a Chrome trace (open in https://ui.perfetto.dev) of one
 // DDP step: backward's gradient-ready instants against the bucket allreduces.
 // --device cuda runs the model on GPU (local rank's index modulo the GPUs there):
@@ -88,10 +93,7 @@ std::shared_ptr<nn::Module> make_mlp(const Config& c, uint64_t seed) {
   return seq;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+using bench::median;
 
 // CPU time of the whole process and of the calling thread (ms). Their difference
 // over a step is what the other threads used: here, the communication thread.
@@ -124,6 +126,28 @@ int replicas_differ(comm::ProcessGroup& pg, nn::Module& m) {
   pg.allreduce({&lo, 1, DType::kFloat64, Device::cpu()}, comm::ReduceOp::kMin).wait();
   pg.allreduce({&hi, 1, DType::kFloat64, Device::cpu()}, comm::ReduceOp::kMax).wait();
   return lo == hi ? 0 : 1;
+}
+
+// The number of parameters of `ddp_model` whose gradient (after a DDP backward) is not
+// the gradient `reference` (same weights, one process) computes on the global batch.
+int gradients_differ(nn::Module& ddp_model, nn::Module& reference, double rtol, int rank) {
+  int differ = 0;
+  auto mine = ddp_model.named_parameters(), ref = reference.named_parameters();
+  for (size_t i = 0; i < mine.size(); ++i) {
+    Tensor g = autograd::grad(mine[i].second), r = autograd::grad(ref[i].second);
+    if (!g.defined() || !r.defined()) {
+      ++differ;
+      continue;
+    }
+    const double scale = amax(abs(r)).to(Device::cpu()).item();
+    const double err = max_abs_diff(g, r);
+    if (!(err <= rtol * scale + 1e-7)) {
+      std::fprintf(stderr, "ddp_step: rank %d: the gradient of '%s' differs from the single-process gradient of "
+                   "the global batch by %.3g (largest gradient %.3g)\n", rank, mine[i].first.c_str(), err, scale);
+      ++differ;
+    }
+  }
+  return differ;
 }
 
 // A bucket cap in MiB that DdpOptions can take: at least one byte, at most 1 TiB.
@@ -225,9 +249,15 @@ int run(int argc, char** argv, std::shared_ptr<comm::ProcessGroup>& pg) {
     if (device.is_cuda()) cuda::synchronize_device(device.index);
   };
 
-  Generator data_gen(100 + rank);
-  Tensor x = randn({c.batch, c.in_features}, data_gen).to(device);
-  Tensor y = mul(rand({c.batch}, data_gen), static_cast<double>(c.classes)).to(DType::kInt64).to(device);
+  // Rank r's batch comes from Generator(100 + r), so any rank can rebuild the global
+  // batch (every rank's rows, in rank order) for the correctness check.
+  auto batch_of = [&](int r) {
+    Generator gen(100 + r);
+    Tensor bx = randn({c.batch, c.in_features}, gen).to(device);
+    Tensor by = mul(rand({c.batch}, gen), static_cast<double>(c.classes)).to(DType::kInt64).to(device);
+    return std::pair{bx, by};
+  };
+  auto [x, y] = batch_of(rank);
 
   // ---- every configuration, built up front
   // t_local: no DDP at all, this rank's model alone.
@@ -322,6 +352,30 @@ int run(int argc, char** argv, std::shared_ptr<comm::ProcessGroup>& pg) {
     row.buckets = row.ddp->reducer().buckets().size();
     wrong += replicas_differ(*pg, *row.model);
   }
+  {
+    // The gradients themselves: one more DDP backward per configuration against one
+    // process's backward on the global batch with the same weights.
+    std::vector<Tensor> xs, ys;
+    for (int r = 0; r < world; ++r) {
+      auto [bx, by] = batch_of(r);
+      xs.push_back(bx);
+      ys.push_back(by);
+    }
+    const Tensor global_x = cat(xs, 0), global_y = cat(ys, 0);
+    const double rtol = device.is_cuda() ? 1e-3 : 1e-4;
+    for (Row& row : rows) {
+      row.opt->zero_grad();
+      autograd::backward(ag::cross_entropy((*row.ddp)(x), y));
+      finish();
+      auto reference = make_mlp(c, 2);
+      reference->to(device);
+      reference->load_state_dict(row.model->state_dict());
+      autograd::backward(ag::cross_entropy(reference->forward(global_x), global_y));
+      finish();
+      wrong += gradients_differ(*row.model, *reference, rtol, rank) > 0 ? 1 : 0;
+    }
+  }
+  pg->allreduce({&wrong, 1, DType::kInt32, Device::cpu()}, comm::ReduceOp::kMax).wait();  // rank 0 prints it
   if (!c.trace.empty()) {
     // One more step of the default configuration, recorded for the timeline.
     Row& row = rows[0];
@@ -372,7 +426,8 @@ int run(int argc, char** argv, std::shared_ptr<comm::ProcessGroup>& pg) {
     } else {
       std::printf("hidden fraction h: n/a (one rank communicates nothing)\n");
     }
-    std::printf("# replicas identical after every configuration: #wrong = %d\n", wrong);
+    std::printf("# replicas identical and DDP gradients equal to the global batch's, every configuration: "
+                "#wrong = %d\n", wrong);
     if (!c.json_out.empty()) {
       nlohmann::json j = {{"world", world}, {"backend", c.backend}, {"device", device.str()}, {"t_local_ms", t_local},
                          {"h", world > 1 ? nlohmann::json(h) : nlohmann::json(nullptr)},
@@ -387,9 +442,7 @@ int run(int argc, char** argv, std::shared_ptr<comm::ProcessGroup>& pg) {
         throw std::runtime_error(error);
     }
   }
-  int any_wrong = wrong;
-  pg->allreduce({&any_wrong, 1, DType::kInt32, Device::cpu()}, comm::ReduceOp::kMax).wait();
-  return any_wrong ? 1 : 0;
+  return wrong ? 1 : 0;
 }
 
 }  // namespace

@@ -9,7 +9,10 @@ SGD, default DDP bucket caps (25 MiB, first 1 MiB). Timed as bench/ddp_step is:
 local and DDP steps in alternating rounds (one warm-up step, then --steps timed,
 per configuration per round), each step the slowest rank's time (max over ranks),
 medians over all rounds.
-Correctness while timing: the replicas must hold identical parameters at the end.
+Correctness while timing, as in bench/ddp_step: the replicas must hold identical
+parameters at the end, and one more DDP backward must give every parameter the
+gradient one process computes on the global batch (every rank's data, rebuilt from
+the seeds) with the same weights, within 1e-4 of that parameter's largest gradient.
 """
 import argparse
 import json
@@ -67,9 +70,13 @@ def main():
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     dist.init_process_group("gloo", init_method="env://", world_size=world, rank=rank)
-    g = torch.Generator().manual_seed(100 + rank)
-    x = torch.randn(a.batch, a.in_features, generator=g)
-    y = (torch.rand(a.batch, generator=g) * a.classes).long()
+    def batch_of(r):
+        """Rank r's batch; any rank can rebuild the global batch from the seeds."""
+        g = torch.Generator().manual_seed(100 + r)
+        bx = torch.randn(a.batch, a.in_features, generator=g)
+        return bx, (torch.rand(a.batch, generator=g) * a.classes).long()
+
+    x, y = batch_of(rank)
     loss_fn = nn.CrossEntropyLoss()
 
     local = make_mlp(a)
@@ -105,6 +112,24 @@ def main():
         dist.all_reduce(lo, op=dist.ReduceOp.MIN)
         dist.all_reduce(hi, op=dist.ReduceOp.MAX)
     wrong = int(lo.item() != hi.item())
+    # The gradients themselves, against one process on the global batch.
+    opt.zero_grad()
+    loss_fn(model(x), y).backward()
+    reference = make_mlp(a)
+    reference.load_state_dict(model.module.state_dict())
+    batches = [batch_of(r) for r in range(world)]
+    loss_fn(reference(torch.cat([b[0] for b in batches])), torch.cat([b[1] for b in batches])).backward()
+    for (name, p_ddp), p_ref in zip(model.module.named_parameters(), reference.parameters()):
+        err = (p_ddp.grad - p_ref.grad).abs().max().item()
+        scale = p_ref.grad.abs().max().item()
+        if not err <= 1e-4 * scale + 1e-7:
+            print(f"ddp_step_torch: rank {rank}: the gradient of '{name}' differs from the single-process "
+                  f"gradient of the global batch by {err:.3g} (largest gradient {scale:.3g})", file=sys.stderr)
+            wrong = 1
+    flag = torch.tensor([wrong], dtype=torch.int64)
+    if world > 1:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    wrong = int(flag.item())
     if rank == 0:
         result = {"world": world, "torch": torch.__version__, "t_local_ms": t_local, "t_ddp_ms": t_ddp, "wrong": wrong}
         print(json.dumps(result))

@@ -34,9 +34,8 @@ if(TARGET mlp_step)
   execute_process(COMMAND /usr/bin/python3 -c "import torch" RESULT_VARIABLE ringtrain_no_torch
                   OUTPUT_QUIET ERROR_QUIET)
   if(ringtrain_no_torch EQUAL 0)
-    add_test(NAME bench_mlp_step_vs_torch_smoke
-             COMMAND mlp_step --in-features 32 --width 64 --batch 8 --warmup 1 --steps 2 --rounds 2)
-    set_tests_properties(bench_mlp_step_vs_torch_smoke PROPERTIES LABELS bench-smoke TIMEOUT 120
-                         PASS_REGULAR_EXPRESSION ", 0 wrong")  # not "10 wrong": ctest ignores the exit code here
+    ringtrain_add_checked_test(bench_mlp_step_vs_torch_smoke EXPECT ", 0 wrong"  # not "10 wrong"
+        COMMAND $<TARGET_FILE:mlp_step> --in-features 32 --width 64 --batch 8 --warmup 1 --steps 2 --rounds 2)
+    set_tests_properties(bench_mlp_step_vs_torch_smoke PROPERTIES LABELS bench-smoke TIMEOUT 120)
   endif()
 endif()

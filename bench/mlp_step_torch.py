@@ -17,8 +17,8 @@ first `check_steps` steps so the C++ side can check both compute the same thing.
 
 --serve (how bench/mlp_step.cc drives it, so that the two implementations take
 turns on the CPU within one run): prints the setup JSON line (losses, version,
-BLAS), then answers each stdin line "time K" with {"ms_per_step": ...} after
-running K steps, and "phases K" with the forward/backward/optimizer split, until
+BLAS), then answers each stdin line "time K" with {"ms_per_step": ..., "loss": ...} (the
+last step's loss) after running K steps, and "phases K" with the forward/backward/optimizer split, until
 "quit" or end of input.
 Run with one thread: torch.set_num_threads(1) and OMP/OPENBLAS_NUM_THREADS=1.
 """
@@ -144,8 +144,8 @@ def main():
             t0 = time.perf_counter()
             for _ in range(k):
                 loss = step()
-            loss.item()
-            print(json.dumps({"ms_per_step": (time.perf_counter() - t0) * 1e3 / k}), flush=True)
+            value = float(loss.item())
+            print(json.dumps({"ms_per_step": (time.perf_counter() - t0) * 1e3 / k, "loss": value}), flush=True)
         return
     for _ in range(a.warmup):
         step()

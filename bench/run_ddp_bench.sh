@@ -21,11 +21,16 @@ ringrun="$build/comm/ringrun"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 for ((k = 1; k <= repeats; k++)); do
   for np in 1 2; do
+    # A failed check (#wrong) exits non-zero: show the output, and why, before stopping.
+    status=0
     "$ringrun" --nproc-per-node $np "$build/bench/ddp_step" "${extra[@]}" --json "$out/ours-np$np-$k.json" \
-      $([ $np = 2 ] && [ $k = "$repeats" ] && echo --trace "$out/timeline.json") > "$out/ours-np$np-$k.txt"
+      $([ $np = 2 ] && [ $k = "$repeats" ] && echo --trace "$out/timeline.json") > "$out/ours-np$np-$k.txt" \
+      || status=$?
     cat "$out/ours-np$np-$k.txt"
+    [ $status = 0 ] || { echo "run_ddp_bench.sh: ddp_step exited $status (see above)" >&2; exit $status; }
     "$ringrun" --nproc-per-node $np "$python" "$(dirname "$0")/ddp_step_torch.py" "${extra[@]}" \
-      --json "$out/torch-np$np-$k.json" > "$out/torch-np$np-$k.txt"
+      --json "$out/torch-np$np-$k.json" > "$out/torch-np$np-$k.txt" || status=$?
+    [ $status = 0 ] || { cat "$out/torch-np$np-$k.txt"; echo "run_ddp_bench.sh: ddp_step_torch.py exited $status" >&2; exit $status; }
   done
 done
 python3 - "$out" "$repeats" <<'PY'

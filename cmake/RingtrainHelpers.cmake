@@ -77,3 +77,19 @@ function(ringtrain_stretch_timeouts_under_sanitizers)
     endif()
   endforeach()
 endfunction()
+
+# ringtrain_add_checked_test(<name> EXPECT <regex> [FORBID <regex>] COMMAND <program> <args>...)
+#   A test of a whole program that must exit 0 AND print output matching EXPECT (and not
+#   FORBID): cmake/expect_success.cmake. Use it instead of PASS_REGULAR_EXPRESSION, which
+#   makes CTest ignore the exit status, for programs expected to succeed. Exit 77 counts
+#   as skipped. Set LABELS, TIMEOUT etc. with set_tests_properties as usual.
+function(ringtrain_add_checked_test name)
+  cmake_parse_arguments(ARG "" "EXPECT;FORBID" "COMMAND" ${ARGN})
+  set(defines "-DEXPECT=${ARG_EXPECT}")
+  if(DEFINED ARG_FORBID)
+    list(APPEND defines "-DFORBID=${ARG_FORBID}")
+  endif()
+  add_test(NAME ${name} COMMAND ${CMAKE_COMMAND} ${defines} -P ${RINGTRAIN_EXPECT_SUCCESS_SCRIPT} -- ${ARG_COMMAND})
+  set_tests_properties(${name} PROPERTIES SKIP_REGULAR_EXPRESSION "RINGTRAIN-SKIP: exit 77")
+endfunction()
+set(RINGTRAIN_EXPECT_SUCCESS_SCRIPT ${CMAKE_CURRENT_LIST_DIR}/expect_success.cmake)
