@@ -787,6 +787,11 @@ Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
   RT_CHECK(weight.dim() == 2, "embedding: weight must be [num_embeddings, dim], got ", weight.describe());
   Tensor flat = indices.reshape({-1});
+  // The CPU kernel throws on an index out of range; the CUDA kernel would read 0 (it cannot
+  // throw), so on a GPU the indices are checked here: one small copy to the host.
+  if (flat.device().is_cuda())
+    rt::check_index_range(flat, weight.size(0), "embedding", "indices",
+                          "they must lie in [0, num_embeddings); fix the token ids or enlarge the table");
   Shape out_shape = indices.shape();
   out_shape.push_back(weight.size(1));
   Tensor y = rt::index_select(weight, 0, flat).view(out_shape);
