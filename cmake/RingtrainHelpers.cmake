@@ -78,18 +78,31 @@ function(ringtrain_stretch_timeouts_under_sanitizers)
   endforeach()
 endfunction()
 
-# ringtrain_add_checked_test(<name> EXPECT <regex> [FORBID <regex>] COMMAND <program> <args>...)
+# ringtrain_add_checked_test(<name> EXPECT <regex> [FORBID <regex>] [ENVIRONMENT <VAR=value>...]
+#                            COMMAND <program> <args>...)
 #   A test of a whole program that must exit 0 AND print output matching EXPECT (and not
-#   FORBID): cmake/expect_success.cmake. Use it instead of PASS_REGULAR_EXPRESSION, which
-#   makes CTest ignore the exit status, for programs expected to succeed. Exit 77 counts
-#   as skipped. Set LABELS, TIMEOUT etc. with set_tests_properties as usual.
-function(ringtrain_add_checked_test name)
-  cmake_parse_arguments(ARG "" "EXPECT;FORBID" "COMMAND" ${ARGN})
-  set(defines "-DEXPECT=${ARG_EXPECT}")
+#   FORBID). Use it instead of PASS_REGULAR_EXPRESSION, which makes CTest ignore the exit
+#   status, for programs expected to succeed. Exit 77 counts as skipped.
+# ringtrain_add_error_test(<name> EXPECT <regex> [FORBID <regex>] [ENVIRONMENT ...] COMMAND ...)
+#   The program must exit non-zero (not by a signal) with output matching EXPECT: bad input.
+# Both run cmake/expect_output.cmake; set LABELS, TIMEOUT etc. with set_tests_properties.
+# The command's arguments and the regexes must not contain ';' (CMake's list separator).
+function(ringtrain_add_output_test name mode)
+  cmake_parse_arguments(ARG "" "EXPECT;FORBID" "ENVIRONMENT;COMMAND" ${ARGN})
+  set(defines "-DMODE=${mode}" "-DEXPECT=${ARG_EXPECT}")
   if(DEFINED ARG_FORBID)
     list(APPEND defines "-DFORBID=${ARG_FORBID}")
   endif()
-  add_test(NAME ${name} COMMAND ${CMAKE_COMMAND} ${defines} -P ${RINGTRAIN_EXPECT_SUCCESS_SCRIPT} -- ${ARG_COMMAND})
+  add_test(NAME ${name} COMMAND ${CMAKE_COMMAND} ${defines} -P ${RINGTRAIN_EXPECT_OUTPUT_SCRIPT} -- ${ARG_COMMAND})
   set_tests_properties(${name} PROPERTIES SKIP_REGULAR_EXPRESSION "RINGTRAIN-SKIP: exit 77")
+  if(ARG_ENVIRONMENT)
+    set_tests_properties(${name} PROPERTIES ENVIRONMENT "${ARG_ENVIRONMENT}")
+  endif()
 endfunction()
-set(RINGTRAIN_EXPECT_SUCCESS_SCRIPT ${CMAKE_CURRENT_LIST_DIR}/expect_success.cmake)
+function(ringtrain_add_checked_test name)
+  ringtrain_add_output_test(${name} success ${ARGN})
+endfunction()
+function(ringtrain_add_error_test name)
+  ringtrain_add_output_test(${name} error ${ARGN})
+endfunction()
+set(RINGTRAIN_EXPECT_OUTPUT_SCRIPT ${CMAKE_CURRENT_LIST_DIR}/expect_output.cmake)
