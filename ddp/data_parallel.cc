@@ -1,7 +1,10 @@
 // data_parallel.cc: scatter, replicate, parallel_apply, gather (see data_parallel.h).
 #include "ddp/data_parallel.h"
 
+#include <condition_variable>
 #include <exception>
+#include <functional>
+#include <mutex>
 #include <thread>
 
 #include "autograd/autocast.h"
@@ -9,6 +12,66 @@
 #include "autograd/graph.h"
 
 namespace ringtrain::ddp {
+
+// Worker threads for replicas 1..n-1, started once. A forward hands out one job per
+// replica it uses (start), runs replica 0 itself, then waits for all of them (wait).
+// Jobs catch their own exceptions; the workers only run them.
+class ReplicaWorkers {
+ public:
+  explicit ReplicaWorkers(size_t count) {
+    for (size_t i = 0; i < count; ++i) threads_.emplace_back([this, i] { loop(i); });
+  }
+  ~ReplicaWorkers() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    work_cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  ReplicaWorkers(const ReplicaWorkers&) = delete;
+  ReplicaWorkers& operator=(const ReplicaWorkers&) = delete;
+
+  // Worker i runs jobs[i]; jobs.size() <= the number of workers.
+  void start(std::vector<std::function<void()>> jobs) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      jobs_ = std::move(jobs);
+      pending_ = jobs_.size();
+      ++generation_;
+    }
+    work_cv_.notify_all();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_cv_.wait(lock, [this] { return pending_ == 0; });
+  }
+
+ private:
+  void loop(size_t index) {
+    uint64_t seen = 0;
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      if (index >= jobs_.size()) continue;  // this forward's batch had fewer chunks
+      std::function<void()> job = jobs_[index];
+      lock.unlock();
+      job();
+      lock.lock();
+      if (--pending_ == 0) done_cv_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable work_cv_, done_cv_;
+  std::vector<std::function<void()>> jobs_;
+  uint64_t generation_ = 0;
+  size_t pending_ = 0;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
 
 Tensor to_device(const Tensor& t, Device device) {
   if (t.device() == device) return ag::view(t, t.shape());
@@ -35,7 +98,10 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::vector<Devic
     replicas_[i] = module_->clone();
     replicas_[i]->to(devices_[i]);
   }
+  workers_ = std::make_unique<ReplicaWorkers>(devices_.size() - 1);
 }
+
+DataParallel::~DataParallel() = default;
 
 void DataParallel::sync_replica_state(size_t replica, const std::vector<uint64_t>& generator_keys) {
   nn::Module& r = *replicas_[replica];
@@ -120,10 +186,11 @@ Tensor DataParallel::forward(const Tensor& input) {
       errors[i] = std::current_exception();
     }
   };
-  std::vector<std::thread> threads;
-  for (size_t i = 1; i < used; ++i) threads.emplace_back(run, i);
+  std::vector<std::function<void()>> jobs;  // worker i - 1 runs replica i
+  for (size_t i = 1; i < used; ++i) jobs.emplace_back([&run, i] { run(i); });
+  workers_->start(std::move(jobs));
   run(0);
-  for (auto& t : threads) t.join();
+  workers_->wait();
   for (size_t i = 0; i < used; ++i)
     if (errors[i]) {
       try {

@@ -10,7 +10,10 @@
 //               backward sums every replica's gradient into the original .grad
 //               — the autograd engine does the summing, no extra code;
 //   3. parallel_apply  the replicas run their forward in parallel: replica 0 on the
-//                      calling thread, each other one on a thread of its own;
+//                      calling thread, each other one on a worker thread of its own
+//                      that lives as long as the DataParallel (PyTorch starts threads
+//                      per forward; each exit would drop that thread's cuBLAS/cuDNN
+//                      handles, and creating them is slow);
 //   4. gather   the outputs are moved to the first device and concatenated (scalar
 //               outputs become a vector of one value per replica).
 // Replica 0 is the wrapped module itself on devices[0]: its buffers (BatchNorm
@@ -30,6 +33,8 @@
 
 namespace ringtrain::ddp {
 
+class ReplicaWorkers;  // data_parallel.cc: the worker threads of replicas 1..n-1
+
 // A copy of `t` on `device` whose gradient flows back to `t` on its own device.
 // On the same device it returns a differentiable alias (no copy).
 Tensor to_device(const Tensor& t, Device device);
@@ -39,6 +44,7 @@ class DataParallel : public nn::Module {
   // `devices` may repeat (e.g. {cpu, cpu, cpu}: three CPU replicas). The module
   // must already live on devices[0].
   DataParallel(std::shared_ptr<nn::Module> module, std::vector<Device> devices);
+  ~DataParallel() override;  // stops and joins the worker threads
 
   Tensor forward(const Tensor& input) override;
 
@@ -53,6 +59,7 @@ class DataParallel : public nn::Module {
   std::shared_ptr<nn::Module> module_;                 // the original (= replica 0)
   std::vector<Device> devices_;                        // one replica per entry
   std::vector<std::shared_ptr<nn::Module>> replicas_;  // replicas 1..n-1 (index 0 unused)
+  std::unique_ptr<ReplicaWorkers> workers_;            // one thread per replica 1..n-1
 };
 
 }  // namespace ringtrain::ddp

@@ -3,7 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <functional>
+#include <mutex>
+#include <set>
+#include <thread>
 
 #include "autograd/autograd.h"
 #include "autograd/functions.h"
@@ -191,6 +195,47 @@ TEST(DataParallelTest, MovedModulesAndScalarOutputsWork) {
   DataParallel scalar(std::make_shared<MeanLoss>(), std::vector<Device>(2, Device::cpu()));
   Tensor losses = scalar.forward(Tensor::from_vector<float>({1, 3, 5, 7}, {4, 1}));
   EXPECT_EQ(losses.to_vector<float>(), (std::vector<float>{2, 6}));
+}
+
+// A number per thread, new for every thread ever started (thread ids may be reused once a
+// thread is joined, so they cannot tell a new thread from an old one).
+int thread_serial() {
+  static std::atomic<int> next{0};
+  thread_local const int serial = next++;
+  return serial;
+}
+
+// Records the thread each forward runs on (the replicas are clones sharing `seen`).
+class ThreadProbe : public nn::Cloneable<ThreadProbe> {
+ public:
+  struct Seen {
+    std::mutex mutex;
+    std::vector<int> threads;
+  };
+  ThreadProbe() : Cloneable("ThreadProbe"), seen(std::make_shared<Seen>()) {}
+  Tensor forward(const Tensor& input) override {
+    std::lock_guard<std::mutex> lock(seen->mutex);
+    seen->threads.push_back(thread_serial());
+    return input;
+  }
+  std::shared_ptr<Seen> seen;
+};
+
+// Replicas 1..n-1 run on worker threads that live as long as the DataParallel (a thread
+// started per forward would drop its cuBLAS/cuDNN handles at every exit).
+TEST(DataParallelTest, ReplicasRunOnTheSameWorkerThreadsEveryForward) {
+  auto probe = std::make_shared<ThreadProbe>();
+  DataParallel dp(probe, std::vector<Device>(3, Device::cpu()));
+  for (int step = 0; step < 4; ++step) dp.forward(zeros({step == 3 ? 2 : 6, 1}));  // the last uses 2 replicas
+  std::set<int> workers;
+  size_t on_caller = 0;
+  for (int serial : probe->seen->threads) {
+    if (serial == thread_serial()) ++on_caller;
+    else workers.insert(serial);
+  }
+  EXPECT_EQ(probe->seen->threads.size(), 3u * 3 + 2);
+  EXPECT_EQ(on_caller, 4u);        // replica 0: the calling thread
+  EXPECT_EQ(workers.size(), 2u);   // replicas 1 and 2: the same two threads throughout
 }
 
 TEST(DataParallelTest, ClearErrors) {
