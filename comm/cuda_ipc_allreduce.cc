@@ -45,11 +45,20 @@
 // (allreduce, CUDA buffer, every rank on this host, RINGTRAIN_CUDA_IPC not 0) ->
 // here. Other collectives of CUDA buffers, and allreduce across hosts, are staged
 // through pinned host memory (cuda_staging.cc).
+//
+// Known limits (found in review, not yet mended; they need a GPU to test): a failed
+// or timed-out allreduce leaves its queued copies and kernel on the stream, so the
+// caller's buffer and the peers' may still be written after the error; and teardown
+// frees this rank's exported buffer and events without waiting for the peers to close
+// their handles (CUDA calls that undefined). Both matter only after a failure or at
+// exit; a peer that dies mid-allreduce is reported by name (the final wait polls the
+// mesh), not after the deadline.
 #include "comm/cuda_ipc_allreduce.h"
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <thread>
 
@@ -206,8 +215,20 @@ void CudaIpcAllreduce::allreduce(RingArgs& args, void* data, size_t count, const
     done += n;
   }
   // The one host-side wait, polled so that a peer whose GPU work never finishes
-  // becomes a timeout instead of a hang.
+  // becomes a timeout instead of a hang, and a peer that died (its process gone, so
+  // its events will never be recorded) an error naming it at once.
+  auto next_peer_check = Clock::now() + std::chrono::milliseconds(5);
   while (!stream_.query()) {
+    const bool check_peers = Clock::now() >= next_peer_check;  // a syscall per peer: not every spin
+    if (check_peers) next_peer_check = Clock::now() + std::chrono::milliseconds(5);
+    for (int q = 0; check_peers && q < p; ++q) {
+      if (q != r && args.mesh.peer_closed(q)) {
+        throw PeerLostError(args.mesh.world_rank(q),
+                            detail::concat("CUDA IPC allreduce of ", count, " elements on rank ", r, ": rank ",
+                                           args.mesh.world_rank(q), " closed its connection while the GPU work "
+                                           "that waits for it was queued"));
+      }
+    }
     if (Clock::now() >= args.deadline) {
       throw CommTimeoutError(detail::concat("CUDA IPC allreduce of ", count, " elements on rank ", r,
                                             ": the GPU work did not finish before the deadline"));

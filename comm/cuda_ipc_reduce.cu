@@ -28,8 +28,13 @@ __device__ __forceinline__ A combine(A acc, A v) {
   // Integers wrap around as on the CPU and in NCCL (wrapping_* in dtype.h).
   if constexpr (kOp == ReduceOp::kSum || kOp == ReduceOp::kAvg) return wrapping_add(acc, v);
   if constexpr (kOp == ReduceOp::kProd) return wrapping_mul(acc, v);
-  if constexpr (kOp == ReduceOp::kMax) return v > acc ? v : acc;
-  if constexpr (kOp == ReduceOp::kMin) return v < acc ? v : acc;
+  // max/min propagate NaN from either side, as the host's reduce.cc does.
+  if constexpr (kOp == ReduceOp::kMax || kOp == ReduceOp::kMin) {
+    if (acc != acc) return acc;
+    if (v != v) return v;
+    if constexpr (kOp == ReduceOp::kMax) return v > acc ? v : acc;
+    else return v < acc ? v : acc;
+  }
 }
 
 template <typename T, ReduceOp kOp>

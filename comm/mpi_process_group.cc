@@ -13,6 +13,8 @@
 // mpirun, which stops the whole job. The ring backend is the one with its own
 // failure detection.
 #include <climits>
+#include <cstring>
+#include <memory>
 #include <thread>
 
 #include "comm/backends.h"
@@ -111,6 +113,14 @@ class MpiProcessGroup final : public ProcessGroup {
     MPI_Request request = MPI_REQUEST_NULL;
     const MPI_Datatype type = mpi_type(c.input.dtype);
     const MPI_Comm comm = comm_.get();
+    // In-place allgather / reduce_scatter (ProcessGroup::enqueue allows only this rank's
+    // block): MPI forbids aliased send and receive buffers. Allgather has MPI_IN_PLACE for
+    // exactly this layout; reduce_scatter's MPI_IN_PLACE puts the result at the start of
+    // the buffer, so its input is copied aside instead.
+    const bool in_place = c.input.count > 0 && c.output.data != nullptr &&
+                          static_cast<const char*>(c.input.data) < static_cast<const char*>(c.output.data) + c.output.nbytes() &&
+                          static_cast<const char*>(c.output.data) < static_cast<const char*>(c.input.data) + c.input.nbytes();
+    std::unique_ptr<char[]> input_copy;
     {
       std::lock_guard<std::mutex> lock(mpi_call_mutex());
       switch (c.op) {
@@ -129,12 +139,16 @@ class MpiProcessGroup final : public ProcessGroup {
                                 mpi_op(c.input.dtype, c.reduce_op), c.peer, comm, &request));
           break;
         case CollectiveOp::kAllgather:
-          MPI_CHECK(MPI_Iallgather(c.input.data, mpi_count(c.input.count, "allgather"), type,
-                                   c.output.data, static_cast<int>(c.input.count), type, comm,
+          MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : c.input.data, mpi_count(c.input.count, "allgather"),
+                                   type, c.output.data, static_cast<int>(c.input.count), type, comm,
                                    &request));
           break;
         case CollectiveOp::kReduceScatter:
-          MPI_CHECK(MPI_Ireduce_scatter_block(c.input.data, c.output.data,
+          if (in_place) {
+            input_copy = std::make_unique<char[]>(c.input.nbytes());
+            std::memcpy(input_copy.get(), c.input.data, c.input.nbytes());
+          }
+          MPI_CHECK(MPI_Ireduce_scatter_block(in_place ? input_copy.get() : c.input.data, c.output.data,
                                               mpi_count(c.output.count, "reduce_scatter"), type,
                                               mpi_op(c.input.dtype, c.reduce_op), comm, &request));
           break;
@@ -157,7 +171,12 @@ class MpiProcessGroup final : public ProcessGroup {
           break;
       }
     }
-    wait(request, c, deadline);
+    try {
+      wait(request, c, deadline);
+    } catch (...) {
+      (void)input_copy.release();  // MPI may still read it: it cannot cancel the request
+      throw;
+    }
     if (c.reduce_op == ReduceOp::kAvg) {
       if (c.op == CollectiveOp::kAllreduce || (c.op == CollectiveOp::kReduce && rank() == c.peer)) {
         scale_for_average(c.input.data, c.input.count, c.input.dtype, size());

@@ -273,6 +273,12 @@ class NcclProcessGroup final : public ProcessGroup {
   bool handles_device_buffers() const override { return true; }
 
   void run(const Collective& collective, Deadline deadline) override {
+    // A communicator serves one GPU: a buffer on another one would reach NCCL through
+    // peer access at best, or end in an illegal address that poisons the context.
+    for (const BufferRef* b : {&collective.input, &collective.output})
+      RT_CHECK(b->data == nullptr || !b->device.is_cuda() || b->device.index == device_, "nccl backend: ",
+               describe(collective), " has a buffer on ", b->device.str(), " but this group's communicator is on cuda:",
+               device_, "; move the tensor there (or create the group on that GPU)");
     // Host buffers may run inline on the caller's thread: leave its device as it was.
     cuda::DeviceGuard on_group_device(device_);
     // The communicator is ours until run() returns; abort() waits for our next poll.

@@ -185,6 +185,13 @@ bool ranges_overlap(const BufferRef& a, const BufferRef& b) {
   const auto* b0 = static_cast<const char*>(b.data);
   return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
 }
+// `part` is block `index` of `whole` (whole.data + index * part's bytes): the one layout
+// in which allgather (input = this rank's block of the output) and reduce_scatter
+// (output = this rank's block of the input) run in place on every backend.
+bool is_block(const BufferRef& part, const BufferRef& whole, int index) {
+  return static_cast<const char*>(part.data) ==
+         static_cast<const char*>(whole.data) + static_cast<size_t>(index) * part.nbytes();
+}
 }  // namespace
 
 Work ProcessGroup::enqueue(Collective c, Launch launch) {
@@ -212,10 +219,19 @@ Work ProcessGroup::enqueue(Collective c, Launch launch) {
     case CollectiveOp::kAllgather:
       RT_CHECK(c.output.count == c.input.count * n, "allgather: output has ", c.output.count,
                " elements; it needs size() * input.count = ", n, " * ", c.input.count);
+      // Any other overlap is undefined for MPI and NCCL (and gave wrong results under mpi).
+      RT_CHECK(c.input.count == 0 || !ranges_overlap(c.input, c.output) || is_block(c.input, c.output, context_.rank),
+               "allgather: the input overlaps the output other than as this rank's block; in place, "
+               "the input must be exactly output + rank * count (rank ", context_.rank, "), else pass a "
+               "separate input buffer");
       break;
     case CollectiveOp::kReduceScatter:
       RT_CHECK(c.input.count == c.output.count * n, "reduce_scatter: input has ", c.input.count,
                " elements; it needs size() * output.count = ", n, " * ", c.output.count);
+      RT_CHECK(c.output.count == 0 || !ranges_overlap(c.input, c.output) || is_block(c.output, c.input, context_.rank),
+               "reduce_scatter: the output overlaps the input other than as this rank's block; in place, "
+               "the output must be exactly input + rank * count (rank ", context_.rank, "), else pass a "
+               "separate output buffer");
       break;
     case CollectiveOp::kAllToAll:
       RT_CHECK(c.input.count == c.output.count && c.input.count % n == 0, "all_to_all: input (",

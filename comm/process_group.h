@@ -120,8 +120,10 @@ class ProcessGroup {
   Work reduce(BufferRef buffer, int root, ReduceOp op = ReduceOp::kSum,
               Launch launch = Launch::kAsync);
   // output.count == size() * input.count; output holds rank 0's input, then rank 1's, ...
+  // In place only as input = output + rank * input.count; any other overlap is refused.
   Work allgather(BufferRef input, BufferRef output, Launch launch = Launch::kAsync);
   // input.count == size() * output.count; rank r gets op over ranks of input block r.
+  // In place only as output = input + rank * output.count; any other overlap is refused.
   Work reduce_scatter(BufferRef input, BufferRef output, ReduceOp op = ReduceOp::kSum,
                       Launch launch = Launch::kAsync);
   // input and output hold size() equal blocks; block j of input goes to rank j, and

@@ -14,6 +14,23 @@ namespace ringtrain::comm {
 
 namespace {
 
+// max/min that propagate NaN whichever side it is on (as the tensor ops do). std::max(a, b)
+// returns a when the comparison fails, so max(NaN, 1) = NaN but max(1, NaN) = 1: in
+// recursive doubling each partner combines (own, incoming), so ranks would disagree.
+// These are commutative, so every algorithm gives every rank the same bits.
+template <typename C>
+inline C nan_max(C a, C b) {
+  if (a != a) return a;
+  if (b != b) return b;
+  return a < b ? b : a;
+}
+template <typename C>
+inline C nan_min(C a, C b) {
+  if (a != a) return a;
+  if (b != b) return b;
+  return b < a ? b : a;
+}
+
 template <typename C>
 inline C combine(C a, C b, ReduceOp op) {
   // Integer sums and products wrap around (two's complement), as MPI's and NCCL's do,
@@ -22,8 +39,8 @@ inline C combine(C a, C b, ReduceOp op) {
     case ReduceOp::kSum:
     case ReduceOp::kAvg: return wrapping_add(a, b);
     case ReduceOp::kProd: return wrapping_mul(a, b);
-    case ReduceOp::kMax: return std::max(a, b);
-    case ReduceOp::kMin: return std::min(a, b);
+    case ReduceOp::kMax: return nan_max(a, b);
+    case ReduceOp::kMin: return nan_min(a, b);
   }
   return a;
 }
@@ -90,12 +107,12 @@ void reduce_into(void* dst, const void* src, size_t count, DType dtype, ReduceOp
     auto loop = [&](auto fn) {
       for (size_t i = 0; i < count; ++i) d[i] = T(fn(static_cast<C>(d[i]), static_cast<C>(s[i])));
     };
-    switch (op) {
+    switch (op) {  // the same operations as combine(): wrapping integers, NaN-propagating max/min
       case ReduceOp::kSum:
-      case ReduceOp::kAvg: loop([](C x, C y) { return x + y; }); break;
-      case ReduceOp::kProd: loop([](C x, C y) { return x * y; }); break;
-      case ReduceOp::kMax: loop([](C x, C y) { return std::max(x, y); }); break;
-      case ReduceOp::kMin: loop([](C x, C y) { return std::min(x, y); }); break;
+      case ReduceOp::kAvg: loop([](C x, C y) { return wrapping_add(x, y); }); break;
+      case ReduceOp::kProd: loop([](C x, C y) { return wrapping_mul(x, y); }); break;
+      case ReduceOp::kMax: loop([](C x, C y) { return nan_max(x, y); }); break;
+      case ReduceOp::kMin: loop([](C x, C y) { return nan_min(x, y); }); break;
     }
   });
 }

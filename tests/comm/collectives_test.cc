@@ -257,6 +257,46 @@ TEST(AllToAllMisuse, OverlappingInputAndOutputAreRefused) {
   g_pg->barrier().wait();
 }
 
+// allgather and reduce_scatter run in place in the one layout every backend supports (this
+// rank's block), and refuse any other overlap: MPI and NCCL forbid aliased buffers, and an
+// input that was another rank's block came back wrong under mpi.
+TEST(InPlaceMisuse, AllgatherAndReduceScatterRunInPlaceOnlyAsThisRanksBlock) {
+  const int n = g_pg->size(), r = g_pg->rank();
+  const size_t count = 1000;
+  auto ref = [](float* data, size_t elements) { return BufferRef{data, elements, DType::kFloat32, Device::cpu()}; };
+  std::vector<float> gathered(count * n, -1.0f);
+  for (size_t i = 0; i < count; ++i) gathered[r * count + i] = static_cast<float>(r * 10000 + i);
+  g_pg->allgather(ref(gathered.data() + r * count, count), ref(gathered.data(), count * n)).wait();
+  size_t wrong = 0;
+  for (int q = 0; q < n; ++q)
+    for (size_t i = 0; i < count; ++i) wrong += gathered[q * count + i] != static_cast<float>(q * 10000 + i);
+  EXPECT_EQ(wrong, 0u) << "in-place allgather";
+  std::vector<float> scattered(count * n);
+  for (int q = 0; q < n; ++q)
+    for (size_t i = 0; i < count; ++i) scattered[q * count + i] = static_cast<float>(q + i + r);
+  g_pg->reduce_scatter(ref(scattered.data(), count * n), ref(scattered.data() + r * count, count)).wait();
+  wrong = 0;
+  for (size_t i = 0; i < count; ++i)
+    wrong += scattered[r * count + i] != static_cast<float>(n * (r + i) + n * (n - 1) / 2);
+  EXPECT_EQ(wrong, 0u) << "in-place reduce_scatter";
+  if (n > 1) {
+    const size_t other = static_cast<size_t>((r + 1) % n) * count;
+    try {
+      g_pg->allgather(ref(gathered.data() + other, count), ref(gathered.data(), count * n)).wait();
+      ADD_FAILURE() << "an allgather from another rank's block of its output was accepted";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), ::testing::HasSubstr("allgather: the input overlaps the output other than as this rank's block"));
+    }
+    try {
+      g_pg->reduce_scatter(ref(scattered.data(), count * n), ref(scattered.data() + other, count)).wait();
+      ADD_FAILURE() << "a reduce_scatter into another rank's block of its input was accepted";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), ::testing::HasSubstr("reduce_scatter: the output overlaps the input"));
+    }
+  }
+  g_pg->barrier().wait();
+}
+
 INSTANTIATE_TEST_SUITE_P(AllDTypes, Collectives, ::testing::ValuesIn(kAllDTypes),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
@@ -366,6 +406,25 @@ TEST(CollectivesLarge, Allreduce64MiB) {
   Checker checker{"allreduce 64 MiB"};
   for (size_t i = 0; i < count; ++i) {
     checker.check(data[i], reference(ReduceOp::kSum, DType::kFloat32, g_pg->size(), i, 6), 0, i);
+  }
+}
+
+// max/min propagate a NaN held by one rank to every rank, in small buffers (recursive
+// doubling: each partner combines its own values with the incoming ones) and large ones
+// (the ring). std::max(1, NaN) is 1 but std::max(NaN, 1) is NaN: ranks used to disagree.
+TEST(CollectivesNaN, MaxAndMinPropagateNaNToEveryRank) {
+  if (g_backend != "ring" || g_cuda_buffers)
+    GTEST_SKIP() << "the ring backend's host reductions (Open MPI and NCCL treat NaN their own way)";
+  for (size_t count : {size_t{4}, size_t{100000}}) {
+    for (ReduceOp op : {ReduceOp::kMax, ReduceOp::kMin}) {
+      SCOPED_TRACE(std::string(reduce_op_name(op)) + " of " + std::to_string(count));
+      std::vector<float> data(count, 1.0f + static_cast<float>(g_pg->rank()));
+      const size_t at = count / 2;
+      if (g_pg->rank() == 0) data[at] = std::nanf("");
+      g_pg->allreduce({data.data(), count, DType::kFloat32}, op).wait();
+      EXPECT_TRUE(std::isnan(data[at])) << "rank " << g_pg->rank() << " got " << data[at];
+      EXPECT_EQ(data[0], op == ReduceOp::kMax ? static_cast<float>(g_pg->size()) : 1.0f);
+    }
   }
 }
 
