@@ -14,14 +14,16 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "tensor/safetensors.h"
 
@@ -142,7 +144,7 @@ std::vector<Tensor> optimizer_params(const Optimizer& opt) {
 // ---------------------------------------------------------------- save
 
 void save_checkpoint(const std::string& stem, const CheckpointTargets& targets, TrainingProgress progress,
-                     const json& extra) {
+                     const json& extra, int64_t save_sequence) {
   RT_CHECK(targets.model != nullptr, "save_checkpoint(", stem, "): targets.model is null");
   std::vector<std::pair<std::string, Tensor>> tensors;
   json model_keys = json::array();
@@ -159,6 +161,7 @@ void save_checkpoint(const std::string& stem, const CheckpointTargets& targets, 
                {"lr_scheduler", nullptr},
                {"rng", nullptr},
                {"extra", extra}};
+  if (save_sequence > 0) meta["save_sequence"] = save_sequence;
   if (targets.optimizer != nullptr) {
     OptimizerState st = targets.optimizer->state_dict();
     for (auto& [name, t] : st.tensors) tensors.emplace_back(kOptimizerPrefix + name, t);
@@ -410,14 +413,15 @@ std::string CheckpointManager::save(const CheckpointTargets& targets, TrainingPr
   char number[32];
   std::snprintf(number, sizeof(number), "%010lld", static_cast<long long>(progress.step));
   std::string name = prefix_ + "-" + number;
-  int64_t last_seq = -1;
-  for (const std::string& existing : list()) {
-    std::optional<CheckpointKey> key = parse_key(fs::path(existing).filename().string() + ".json", ".json");
-    if (key && key->step == progress.step) last_seq = std::max(last_seq, key->seq);
+  int64_t last_seq = -1, last_saved = 0;
+  for (const Saved& existing : list_saved()) {
+    if (existing.key.step == progress.step) last_seq = std::max(last_seq, existing.key.seq);
+    if (existing.save_sequence != std::numeric_limits<int64_t>::max())  // an unreadable record
+      last_saved = std::max(last_saved, existing.save_sequence);
   }
   if (last_seq >= 0) name += "-" + std::to_string(last_seq + 1);
   std::string stem = (fs::path(directory_) / name).string();
-  save_checkpoint(stem, targets, progress, extra);
+  save_checkpoint(stem, targets, progress, extra, last_saved + 1);
   prune(stem);
   return stem;
 }
@@ -442,18 +446,38 @@ std::optional<CheckpointManager::CheckpointKey> CheckpointManager::parse_key(con
   return key;
 }
 
-std::vector<std::string> CheckpointManager::list() const {
-  std::vector<std::pair<CheckpointKey, std::string>> found;
+std::vector<CheckpointManager::Saved> CheckpointManager::list_saved() const {
+  std::vector<Saved> found;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(directory_, ec)) {
     std::string name = entry.path().filename().string();
     if (std::optional<CheckpointKey> key = parse_key(name, ".json")) {
-      found.emplace_back(*key, (fs::path(directory_) / name.substr(0, name.size() - 5)).string());
+      // The record's save sequence: 0 for a record written without one (older files),
+      // so it sorts before every sequenced one. A record that cannot be read at all sorts
+      // last, as if newest: latest_valid() then tries it first and reports why it skipped
+      // it, and prune() never counts or deletes it (it is not complete).
+      Saved saved{std::numeric_limits<int64_t>::max(), *key,
+                  (fs::path(directory_) / name.substr(0, name.size() - 5)).string()};
+      if (std::optional<std::string> text = slurp(entry.path().string())) {
+        const json record = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+        if (record.is_object()) {
+          saved.save_sequence = 0;
+          if (record.contains("save_sequence") && record["save_sequence"].is_number_integer())
+            saved.save_sequence = std::max<int64_t>(0, record["save_sequence"].get<int64_t>());
+        }
+      }
+      found.push_back(std::move(saved));
     }
   }
-  std::sort(found.begin(), found.end());
+  std::sort(found.begin(), found.end(), [](const Saved& a, const Saved& b) {
+    return std::tie(a.save_sequence, a.key) < std::tie(b.save_sequence, b.key);
+  });
+  return found;
+}
+
+std::vector<std::string> CheckpointManager::list() const {
   std::vector<std::string> out;
-  for (auto& [key, stem] : found) out.push_back(std::move(stem));
+  for (Saved& saved : list_saved()) out.push_back(std::move(saved.stem));
   return out;
 }
 
@@ -528,21 +552,25 @@ void CheckpointManager::prune(const std::string& just_written) const {
   // Only complete checkpoints count towards keep_last and only they are deleted: a
   // damaged one (a bad record, a truncated file) is left for a person to look at,
   // and must not push the last good ones out.
+  // In save order (list()), so the ones dropped are the least recently saved, whatever
+  // their steps.
   std::vector<std::string> stems;
   for (std::string& stem : list())
     if (stem == just_written || looks_complete(stem)) stems.push_back(std::move(stem));
   if (static_cast<int>(stems.size()) <= keep_last_) return;
   const size_t n_drop = stems.size() - static_cast<size_t>(keep_last_);
   for (size_t i = 0; i < n_drop; ++i) {
-    // The checkpoint just written is valid (save read it back for its CRC): never
-    // drop it, even when older-numbered than the others (a run resumed from an
-    // earlier checkpoint by name), or the directory could be left without a valid one.
+    // The checkpoint just written is valid (save read it back for its CRC): never drop
+    // it (it is the newest anyway), or the directory could be left without a valid one.
     if (stems[i] == just_written) continue;
     fs::remove(json_path(stems[i]), ec);  // un-commit first, then the data
     fs::remove(tensors_path(stems[i]), ec);
   }
-  // Tensor files whose record never landed (a crash mid-save), older than the oldest kept.
-  const CheckpointKey oldest_kept = *parse_key(fs::path(stems[n_drop]).filename().string() + ".json", ".json");
+  // Tensor files whose record never landed (a crash mid-save), numbered below every
+  // checkpoint kept.
+  CheckpointKey oldest_kept = *parse_key(fs::path(stems[n_drop]).filename().string() + ".json", ".json");
+  for (size_t i = n_drop; i < stems.size(); ++i)
+    oldest_kept = std::min(oldest_kept, *parse_key(fs::path(stems[i]).filename().string() + ".json", ".json"));
   for (const auto& entry : fs::directory_iterator(directory_, ec)) {
     std::string name = entry.path().filename().string();
     std::optional<CheckpointKey> key = parse_key(name, ".safetensors");

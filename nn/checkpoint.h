@@ -82,9 +82,10 @@ struct CheckpointInfo {
   nlohmann::json metadata;   // the whole JSON record
 };
 
-// Writes <stem>.safetensors then <stem>.json, each atomically.
+// Writes <stem>.safetensors then <stem>.json, each atomically. `save_sequence` (> 0) is
+// recorded for CheckpointManager, which orders its checkpoints by it; 0 records none.
 void save_checkpoint(const std::string& stem, const CheckpointTargets& targets, TrainingProgress progress,
-                     const nlohmann::json& extra = nullptr);
+                     const nlohmann::json& extra = nullptr, int64_t save_sequence = 0);
 
 // Reads and verifies <stem>.json and <stem>.safetensors (size, CRC-32, parse) without
 // touching any model. Throws CheckpointError naming the file and what is wrong.
@@ -100,7 +101,10 @@ CheckpointInfo load_checkpoint(const std::string& stem, const CheckpointTargets&
 class CheckpointManager {
  public:
   // keep_last >= 1: after each save, complete checkpoints older than the newest keep_last
-  // complete ones are deleted. A damaged one (unreadable record, tensor file of the
+  // complete ones are deleted. "Newest" is the order of saving (each record carries a
+  // save sequence), not the step: a run resumed from an earlier checkpoint, or started
+  // over in a directory of higher-step checkpoints, keeps its own newest ones and
+  // resumes from them; the abandoned run's are pruned first. A damaged one (unreadable record, tensor file of the
   // wrong size) is never deleted and does not count: it is left for a person.
   explicit CheckpointManager(std::string directory, int keep_last = 3, std::string prefix = "ckpt");
 
@@ -110,8 +114,9 @@ class CheckpointManager {
   std::string save(const CheckpointTargets& targets, TrainingProgress progress,
                    const nlohmann::json& extra = nullptr);
 
-  // Stems of every checkpoint record (.json) in the directory, oldest first by
-  // (step, n) (valid or not).
+  // Stems of every checkpoint record (.json) in the directory (valid or not), oldest
+  // first in the order they were saved; records without a save sequence (older files)
+  // come first and unreadable ones last, each by (step, n).
   std::vector<std::string> list() const;
   // The newest checkpoint that passes read_checkpoint_info; invalid newer ones are
   // skipped (their problems are appended to `skipped` when given).
@@ -131,12 +136,19 @@ class CheckpointManager {
   int keep_last() const { return keep_last_; }
 
  private:
-  // Orders checkpoints: step, then the n of "-<n>" (0 for none).
+  // A checkpoint's name: step, then the n of "-<n>" (0 for none).
   struct CheckpointKey {
     int64_t step = 0;
     int64_t seq = 0;
     auto operator<=>(const CheckpointKey&) const = default;
   };
+  // (save sequence from the record, 0 when it has none, then the name's key), stem.
+  struct Saved {
+    int64_t save_sequence = 0;
+    CheckpointKey key;
+    std::string stem;
+  };
+  std::vector<Saved> list_saved() const;  // in save order
   // The key of "<prefix>-<step>[-<n>]<ext>", or nullopt for any other name.
   std::optional<CheckpointKey> parse_key(const std::string& filename, const std::string& ext) const;
   void prune(const std::string& just_written) const;

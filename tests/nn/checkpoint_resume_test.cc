@@ -393,7 +393,7 @@ TEST_F(CheckpointTest, ASecondSaveAtTheSameStepNeverWritesOverTheFirst) {
   EXPECT_EQ(*latest, first);
   EXPECT_EQ(read_checkpoint_info(first).progress.epoch, 0);
 
-  // Done again without the crash: a new name, newest by (step, n); keep_last=1 drops the first.
+  // Done again without the crash: a new name, and the newest (saved last); keep_last=1 drops the first.
   std::string second = mgr.save(run.targets(), {1, 13});
   EXPECT_EQ(fs::path(second).filename(), "ckpt-0000000013-1");
   std::string third = mgr.save(run.targets(), {2, 13});
@@ -404,14 +404,41 @@ TEST_F(CheckpointTest, ASecondSaveAtTheSameStepNeverWritesOverTheFirst) {
   EXPECT_EQ(mgr.list(), std::vector<std::string>{later});  // -<n> orders below the next step
 }
 
-// Pruning keeps the newest keep_last by step; a save at an older step (a run resumed
-// from an earlier checkpoint by name) was deleted right after it was written.
+// A save at an older step (a run resumed from an earlier checkpoint by name) was deleted
+// right after it was written when pruning kept the newest keep_last by step.
 TEST_F(CheckpointTest, PruningNeverDeletesTheCheckpointJustWritten) {
   TrainingRun run(1, false);
   CheckpointManager mgr(dir_.string(), 1);
   mgr.save(run.targets(), {5, 50});
   std::string older = mgr.save(run.targets(), {2, 20});
   EXPECT_NO_THROW(read_checkpoint_info(older));
+}
+
+// "Newest" is the order of saving, not the step. A run resumed from an earlier checkpoint
+// (or started over in a directory of higher-step checkpoints) used to lose its own
+// checkpoints at every save, keep the abandoned run's higher-step ones, and make the next
+// automatic resume (a SLURM requeue) go back to the abandoned run.
+TEST_F(CheckpointTest, TheNewestCheckpointsAreTheLastSavedWhateverTheirSteps) {
+  TrainingRun run(1, false);
+  CheckpointManager mgr(dir_.string(), 3);
+  for (int64_t s : {360, 450, 540}) mgr.save(run.targets(), {0, s});  // the first run
+  // A second run resumed from 360 saves at 405, 450 (taken: 450-1) and 495.
+  const std::string s405 = mgr.save(run.targets(), {1, 405});
+  EXPECT_EQ(*mgr.latest_valid(), s405);
+  const std::string s450 = mgr.save(run.targets(), {1, 450});
+  EXPECT_EQ(fs::path(s450).filename(), "ckpt-0000000450-1");
+  const std::string s495 = mgr.save(run.targets(), {1, 495});
+  EXPECT_EQ(mgr.list(), (std::vector<std::string>{s405, s450, s495}));  // the first run's are gone
+  EXPECT_EQ(*mgr.latest_valid(), s495);
+  EXPECT_EQ(read_checkpoint_info(s495).metadata["save_sequence"], 6);
+  // A record without a save sequence (written before it existed) counts as oldest.
+  nlohmann::json legacy = read_checkpoint_info(s405).metadata;
+  legacy.erase("save_sequence");
+  std::ofstream(s405 + ".json") << legacy.dump();
+  EXPECT_EQ(mgr.list(), (std::vector<std::string>{s405, s450, s495}));
+  const std::string s10 = mgr.save(run.targets(), {2, 10});  // starting over: step 10 is newest
+  EXPECT_EQ(mgr.list(), (std::vector<std::string>{s450, s495, s10}));
+  EXPECT_EQ(*mgr.latest_valid(), s10);
 }
 
 TEST_F(CheckpointTest, ExtraNamedGeneratorsAreRestored) {
