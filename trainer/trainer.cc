@@ -14,6 +14,7 @@
 #include <iostream>
 #include <limits>
 #include <set>
+#include <tuple>
 
 #include "autograd/autocast.h"
 #include "autograd/autograd.h"
@@ -148,6 +149,25 @@ std::string bar(int64_t done, int64_t total, int width = 24) {
          std::string(std::max(0, width - filled - 1), ' ') + "]";
 }
 
+// The states (seed, offset) of this thread's default generator and of every generator
+// the model owns, to put back after something that must not consume them.
+class GeneratorStates {
+ public:
+  static GeneratorStates take(nn::Module& model) {
+    GeneratorStates states;
+    states.add(&default_generator());
+    for (auto& [name, gen] : model.named_generators()) states.add(gen);
+    return states;
+  }
+  void restore() const {
+    for (const auto& [gen, seed, offset] : saved_) gen->set_state(seed, offset);
+  }
+
+ private:
+  void add(Generator* gen) { saved_.emplace_back(gen, gen->seed(), gen->offset()); }
+  std::vector<std::tuple<Generator*, uint64_t, uint64_t>> saved_;
+};
+
 }  // namespace
 
 Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
@@ -179,8 +199,24 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
            "checkpoint_dir (the run's checkpoints go there), or resume=\"never\"");
 }
 
+// An error after rendezvous may be one rank's alone (rank 0's output paths or its
+// checkpoint writes, a rank's bad batch): the others would wait for it in their next
+// collective until the timeout, told only that it died. So it aborts the group with
+// its reason, and every rank fails at once with that message.
 FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Dataset> train,
                        std::shared_ptr<const data::Dataset> val) {
+  std::shared_ptr<comm::ProcessGroup> group;
+  try {
+    return run_fit(module, std::move(train), std::move(val), group);
+  } catch (const std::exception& e) {
+    if (group && group->size() > 1 && !group->failed())
+      group->abort(detail::concat("Trainer: rank ", group->rank(), " failed: ", e.what()));
+    throw;
+  }
+}
+
+FitResult Trainer::run_fit(TrainingModule& module, std::shared_ptr<const data::Dataset> train,
+                           std::shared_ptr<const data::Dataset> val, std::shared_ptr<comm::ProcessGroup>& group) {
   RT_CHECK(train != nullptr && train->size() > 0, "Trainer::fit: the training data set is empty");
   const TrainerOptions& o = options_;
   FitResult result;
@@ -210,7 +246,6 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
 
   // world_size -1: the launcher gave the rank only (PMIx); MPI tells the size at init.
   // Anything but a known single process therefore joins a group.
-  std::shared_ptr<comm::ProcessGroup> group;
   if (env.world_size != 1) {
     comm::InitOptions init;
     init.backend = o.backend != "auto" ? o.backend : (selection.is_cpu() ? "ring" : "nccl");
@@ -224,7 +259,7 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
   const nlohmann::json data_layout = {{"batch_size", o.batch_size}, {"world_size", world}, {"seed", o.seed}};
   const bool global_zero = rank == 0;
   // Rank 0 writes checkpoints and logs: its output paths fail now, not after the first
-  // epoch has trained (an error here reaches the other ranks through the store).
+  // epoch has trained (fit() aborts the group with the reason, so the others stop too).
   if (global_zero && !o.checkpoint_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(o.checkpoint_dir, ec);
@@ -457,13 +492,17 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
   const int accumulate = o.accumulate_grad_batches;
   const int64_t max_epochs = o.max_epochs > 0 ? o.max_epochs : std::numeric_limits<int64_t>::max();
   bool done = o.max_steps > 0 && global_step >= o.max_steps;  // a finished run resumed
+  result.epochs_completed = start_epoch;  // the epochs a resumed run had finished before
   for (int64_t epoch = start_epoch; epoch < max_epochs && !done; ++epoch) {
+    // The learning rate this epoch trains with (the metrics CSV reports it; the schedule
+    // steps at the epoch's end, before the row is written).
+    const double epoch_lr = optimizer.param_groups().front().lr();
     model->train();
     train_loader.set_epoch(epoch);
     auto run = train_loader.epoch();
     const int64_t batches = run.num_batches();
     int64_t index = 0, micro = 0;
-    double loss_sum = 0;
+    double loss_sum = 0, step_loss_sum = 0;  // over the epoch; over this step's micro-batches
     int64_t loss_count = 0;
     auto epoch_start = Clock::now();
     while (auto batch = run.next()) {
@@ -484,8 +523,11 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
       ++micro;
       double loss_value = loss.item();
       loss_sum += loss_value;
+      step_loss_sum += loss_value;
       ++loss_count;
       if (!last_micro) continue;
+      const double step_loss = step_loss_sum / static_cast<double>(micro);  // mean over the micro-batches
+      step_loss_sum = 0;
       micro = 0;
 
       // The optimizer step, with unscaling and clipping first.
@@ -497,7 +539,11 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
       scaler.update();
       optimizer.zero_grad();
       ++global_step;
-      if (step_log.is_open()) step_log << global_step << "," << epoch << "," << loss_value << "\n" << std::flush;
+      if (step_log.is_open()) {
+        step_log << global_step << "," << epoch << "," << step_loss << "\n" << std::flush;
+        RT_CHECK(step_log.good(), "Trainer: writing the step log '", o.step_log_csv, "' failed: ", std::strerror(errno),
+                 " (disk full?)");
+      }
       if (global_zero && o.progress_bar && (index % 5 == 0 || index == batches)) {
         std::printf("\repoch %lld %s %lld/%lld loss %.4f", (long long)epoch, bar(index, batches).c_str(),
                     (long long)index, (long long)batches, loss_sum / loss_count);
@@ -530,6 +576,11 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
     // ---- 7. validation, metrics, checkpoint
     std::map<std::string, double> totals;
     if (val_loader) {
+      // Validation must not move the training's random streams: ranks validate different
+      // numbers of batches (the exact sampler), DataParallel draws a key from the default
+      // generator and from the model's own ones at every forward, and a checkpoint keeps
+      // rank 0's state only, so a resumed run would differ on the other ranks.
+      const GeneratorStates training_streams = GeneratorStates::take(*model);
       model->eval();
       autograd::NoGradGuard no_grad;
       if (ddp_model) broadcast_buffers_from_rank0(*group, *model);
@@ -540,6 +591,7 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
         for (auto& [k, v] : module.validation_step(vb, ctx)) totals[k] += v;
       }
       ctx.forward_fn = train_forward;
+      training_streams.restore();
       if (group) totals = allreduce_totals(*group, totals);
       result.last_validation = totals;
     }
@@ -559,9 +611,11 @@ FitResult Trainer::fit(TrainingModule& module, std::shared_ptr<const data::Datas
         }
         RT_CHECK(csv.good(), "Trainer: cannot write metrics_csv '", o.metrics_csv, "': ", std::strerror(errno));
         csv << epoch << "," << global_step << "," << (loss_count ? loss_sum / loss_count : 0.0) << "," << seconds
-            << "," << optimizer.param_groups().front().lr();
+            << "," << epoch_lr;
         for (auto& [k, v] : totals) csv << "," << v;
-        csv << "\n";
+        csv << "\n" << std::flush;
+        RT_CHECK(csv.good(), "Trainer: writing metrics_csv '", o.metrics_csv, "' failed: ", std::strerror(errno),
+                 " (disk full?)");
       }
     }
     if (epoch_complete) {

@@ -47,6 +47,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/process_group.h"
 #include "nn/data/dataset.h"
 #include "nn/lr_scheduler.h"
 #include "nn/module.h"
@@ -131,6 +132,11 @@ class Trainer {
   const TrainerOptions& options() const { return options_; }
 
  private:
+  // fit()'s body; `group` is set once this process has joined the others, so that fit()
+  // can abort the group with the reason when anything after that throws.
+  FitResult run_fit(TrainingModule& module, std::shared_ptr<const data::Dataset> train,
+                    std::shared_ptr<const data::Dataset> val, std::shared_ptr<comm::ProcessGroup>& group);
+
   TrainerOptions options_;
 };
 

@@ -258,5 +258,34 @@ TEST(TrainerMultiRank, AFailedSaveOnRankZeroFailsEveryRankWithItsReason) {
   fs::remove_all(root);
 }
 
+// An error on rank 0 alone after rendezvous (here: its metrics CSV cannot be written)
+// aborts the group with the reason. Before, rank 1 waited in DDP's first collective
+// while rank 0 waited 60 s at shutdown for rank 1 to check out, and rank 1 learned only
+// that rank 0 had died.
+TEST(TrainerMultiRank, AnErrorOnRankZeroAloneFailsEveryRankAtOnceWithItsReason) {
+  run_two_ranks(
+      [](int rank) {
+        Classifier m(/*batch_norm=*/false);
+        TrainerOptions o = quiet({.max_epochs = 2, .batch_size = 16});
+        o.metrics_csv = "/nonexistent-dir/metrics.csv";  // checked on rank 0 only
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          Trainer(o).fit(m, blobs(64, 1));
+        } catch (const std::exception& e) {
+          const std::string what = e.what();
+          const bool named = what.find("cannot write '/nonexistent-dir/metrics.csv'") != std::string::npos &&
+                             (rank == 0 || what.find("Trainer: rank 0 failed") != std::string::npos);
+          if (!named) {
+            std::fprintf(stderr, "rank %d: unexpected error: %s\n", rank, what.c_str());
+            return 21;
+          }
+          return std::chrono::steady_clock::now() - start < std::chrono::seconds(20) ? 30 : 22;
+        }
+        return 0;
+      },
+      "0: trained on; 30: the expected error, in time; 21: another error; 22: it took 20 s or more",
+      /*expected=*/30);
+}
+
 }  // namespace
 }  // namespace ringtrain::trainer

@@ -11,6 +11,7 @@
 #include "autograd/functions.h"
 #include "nn/checkpoint.h"
 #include "nn/layers.h"
+#include "nn/lr_scheduler.h"
 #include "tensor/ops.h"
 #include "tests/common/expect_error.h"
 #include "tests/trainer/blobs.h"
@@ -216,6 +217,64 @@ TEST(TrainerTest, SeededDropoutResumesBitExactly) {
   EXPECT_NE(r.resumed_from.find("ckpt-0000000020"), std::string::npos) << r.resumed_from;
   EXPECT_EQ(r.global_step, 39);
   expect_same_bits(*straight.model_, *second.model_);
+  fs::remove_all(dir);
+}
+
+// Validation must not move the training's random streams: DataParallel draws a key from
+// the default generator and from the model's own generators at every forward, eval
+// included, so the masks after the first validation depended on how many validation
+// batches there were (and ranks validate different numbers; checkpoints keep rank 0's).
+TEST(TrainerTest, ValidationLeavesTheTrainingRandomStreamsAlone) {
+  auto data = blobs(96, 1);
+  const TrainerOptions base = quiet({.strategy = "dp", .max_epochs = 3, .batch_size = 8});
+  SeededDropoutClassifier without(1), with(1);
+  Trainer(base).fit(without, data);
+  Trainer(base).fit(with, data, blobs(40, 2));
+  expect_same_bits(*without.model_, *with.model_);
+}
+
+// The metrics CSV's lr column is the rate the epoch trained with (it was read after the
+// schedule stepped: the next epoch's), and a failed write is an error, not silence.
+class SteppedLrClassifier : public BlobClassifier {
+ public:
+  Optimizers configure_optimizers(nn::Module& m) override {
+    auto sgd = std::make_unique<nn::SGD>(m.parameters(), nn::SGDOptions{.lr = 0.1});
+    auto schedule = std::make_unique<nn::StepLR>(*sgd, /*step_size=*/1, /*gamma=*/0.5);
+    return {std::move(sgd), std::move(schedule)};
+  }
+};
+
+TEST(TrainerTest, MetricsRowsCarryTheEpochsLearningRateAndFailedWritesAreErrors) {
+  fs::path csv = fs::temp_directory_path() / ("rt_trainer_lr_" + std::to_string(::getpid()) + ".csv");
+  fs::remove(csv);
+  SteppedLrClassifier m;
+  Trainer(quiet({.max_epochs = 3, .batch_size = 16, .metrics_csv = csv.string()})).fit(m, blobs(64, 1));
+  std::ifstream in(csv);
+  std::vector<double> lrs;
+  std::string line;
+  std::getline(in, line);  // header
+  while (std::getline(in, line)) lrs.push_back(std::stod(line.substr(line.rfind(',') + 1)));
+  EXPECT_EQ(lrs, (std::vector<double>{0.1, 0.05, 0.025}));
+  fs::remove(csv);
+  SteppedLrClassifier full;
+  expect_error([&] { Trainer(quiet({.max_epochs = 1, .batch_size = 16, .metrics_csv = "/dev/full"})).fit(full, blobs(64, 1)); },
+               {"metrics_csv '/dev/full' failed", "disk full"});
+  SteppedLrClassifier full_log;
+  expect_error([&] { Trainer(quiet({.max_epochs = 1, .batch_size = 16, .step_log_csv = "/dev/full"})).fit(full_log, blobs(64, 1)); },
+               {"step log '/dev/full' failed"});
+}
+
+// A resumed run with nothing left to train reports the epochs it had completed.
+TEST(TrainerTest, AFinishedRunResumedReportsItsCompletedEpochs) {
+  fs::path dir = fresh_dir("rt_trainer_finished");
+  TrainerOptions o = quiet({.max_epochs = 2, .batch_size = 16});
+  o.checkpoint_dir = dir.string();
+  BlobClassifier first, again;
+  EXPECT_EQ(Trainer(o).fit(first, blobs(64, 1)).epochs_completed, 2);
+  FitResult r = Trainer(o).fit(again, blobs(64, 1));
+  EXPECT_FALSE(r.resumed_from.empty());
+  EXPECT_EQ(r.global_step, 8);
+  EXPECT_EQ(r.epochs_completed, 2);
   fs::remove_all(dir);
 }
 
