@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <optional>
 #include <thread>
+
 #include <nlohmann/json.hpp>
 
 #include "comm/cuda_staging.h"
@@ -62,6 +64,18 @@ void ProcessGroup::start() {
 }
 
 void ProcessGroup::stop() {
+  // Destroyed while an exception propagates: this rank failed, maybe alone (a path only
+  // rank 0 writes to, say). Abort first, so that a collective in flight ends now instead
+  // of at its timeout, and the peers fail at once, told where to look, instead of
+  // waiting in their next collective for a rank that will never come.
+  if (std::uncaught_exceptions() > 0 && !failed_.load()) {
+    bool running = false;
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      running = worker_.joinable();
+    }
+    if (running) abort("it left the group while an exception propagated (its own output has the error)");
+  }
   {
     std::lock_guard<std::mutex> lock(queue_mutex_);
     if (!worker_.joinable()) return;

@@ -285,7 +285,7 @@ std::string Store::request(const std::string& op, const std::string& key,
   if (op == "set") message["value"] = binary_value(value);
   if (op == "add") message["number"] = number;
   if (op == "get") message["timeout_ms"] = timeout.count();
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<FifoLock> lock(connection_lock_);
   if (!broken_.empty()) {
     throw CommError(detail::concat("store ", op, " '", key, "': the connection to the store at ", host_, ":",
                                    port_, " is unusable since an earlier request failed midway (", broken_, ")"));
