@@ -89,9 +89,16 @@ endfunction()
 # The command's arguments and the regexes must not contain ';' (CMake's list separator).
 function(ringtrain_add_output_test name mode)
   cmake_parse_arguments(ARG "" "EXPECT;FORBID" "ENVIRONMENT;COMMAND" ${ARGN})
-  set(defines "-DMODE=${mode}" "-DEXPECT=${ARG_EXPECT}")
+  # An empty EXPECT would match any output, and a mistyped keyword would land among the
+  # arguments: both would make a test that cannot fail.
+  if(NOT ARG_EXPECT OR NOT ARG_COMMAND OR ARG_UNPARSED_ARGUMENTS)
+    message(FATAL_ERROR "${name}: needs EXPECT <regex> and COMMAND <program> ... (unparsed: ${ARG_UNPARSED_ARGUMENTS})")
+  endif()
+  # Quoted, because cmake's -D parser drops trailing blanks ("0=0.05 " would also
+  # match "0=0.055") and strips one pair of surrounding single quotes.
+  set(defines "-DMODE=${mode}" "-DEXPECT='${ARG_EXPECT}'")
   if(DEFINED ARG_FORBID)
-    list(APPEND defines "-DFORBID=${ARG_FORBID}")
+    list(APPEND defines "-DFORBID='${ARG_FORBID}'")
   endif()
   add_test(NAME ${name} COMMAND ${CMAKE_COMMAND} ${defines} -P ${RINGTRAIN_EXPECT_OUTPUT_SCRIPT} -- ${ARG_COMMAND})
   set_tests_properties(${name} PROPERTIES SKIP_REGULAR_EXPRESSION "RINGTRAIN-SKIP: exit 77")

@@ -222,11 +222,18 @@ void CudaIpcAllreduce::allreduce(RingArgs& args, void* data, size_t count, const
     const bool check_peers = Clock::now() >= next_peer_check;  // a syscall per peer: not every spin
     if (check_peers) next_peer_check = Clock::now() + std::chrono::milliseconds(5);
     for (int q = 0; check_peers && q < p; ++q) {
-      if (q != r && args.mesh.peer_closed(q)) {
+      // A peer that finished its part and left (only rank 0 waits at shutdown) is fine;
+      // one whose recorded work will never complete (its process died) is not.
+      const auto done = [](cudaEvent_t event) {
+        const cudaError_t state = cudaEventQuery(event);
+        if (state != cudaSuccess) (void)cudaGetLastError();  // not sticky: clear it
+        return state == cudaSuccess;
+      };
+      if (q != r && args.mesh.peer_closed(q) && (!done(s.copied[q]) || !done(s.reduced[q]))) {
         throw PeerLostError(args.mesh.world_rank(q),
                             detail::concat("CUDA IPC allreduce of ", count, " elements on rank ", r, ": rank ",
-                                           args.mesh.world_rank(q), " closed its connection while the GPU work "
-                                           "that waits for it was queued"));
+                                           args.mesh.world_rank(q), " closed its connection before its queued GPU "
+                                           "work, which this rank waits for, completed"));
       }
     }
     if (Clock::now() >= args.deadline) {

@@ -114,9 +114,9 @@ class MpiProcessGroup final : public ProcessGroup {
     const MPI_Datatype type = mpi_type(c.input.dtype);
     const MPI_Comm comm = comm_.get();
     // In-place allgather / reduce_scatter (ProcessGroup::enqueue allows only this rank's
-    // block): MPI forbids aliased send and receive buffers. Allgather has MPI_IN_PLACE for
-    // exactly this layout; reduce_scatter's MPI_IN_PLACE puts the result at the start of
-    // the buffer, so its input is copied aside instead.
+    // block): MPI forbids aliased send and receive buffers, so the input is copied aside.
+    // (MPI_IN_PLACE would need every rank to pass it, and each rank decides alone here;
+    // reduce_scatter's MPI_IN_PLACE also puts the result at the start of the buffer.)
     const bool in_place = c.input.count > 0 && c.output.data != nullptr &&
                           static_cast<const char*>(c.input.data) < static_cast<const char*>(c.output.data) + c.output.nbytes() &&
                           static_cast<const char*>(c.output.data) < static_cast<const char*>(c.input.data) + c.input.nbytes();
@@ -139,7 +139,11 @@ class MpiProcessGroup final : public ProcessGroup {
                                 mpi_op(c.input.dtype, c.reduce_op), c.peer, comm, &request));
           break;
         case CollectiveOp::kAllgather:
-          MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : c.input.data, mpi_count(c.input.count, "allgather"),
+          if (in_place) {
+            input_copy = std::make_unique<char[]>(c.input.nbytes());
+            std::memcpy(input_copy.get(), c.input.data, c.input.nbytes());
+          }
+          MPI_CHECK(MPI_Iallgather(in_place ? input_copy.get() : c.input.data, mpi_count(c.input.count, "allgather"),
                                    type, c.output.data, static_cast<int>(c.input.count), type, comm,
                                    &request));
           break;
@@ -221,6 +225,12 @@ class MpiProcessGroup final : public ProcessGroup {
       }
       if (now >= next_check) {
         next_check = now + kMemberCheck;
+        // This group was aborted (by this process: the Trainer, DDP, or a rank leaving on
+        // an exception): MPI cannot cancel the request, but nobody will wait for it now.
+        if (failed()) {
+          throw CommError(detail::concat("mpi backend: ", describe(c), " given up: this group was aborted "
+                                         "(MPI cannot cancel the request; the group is unusable)"));
+        }
         try {
           throw_if_member_failed(describe(c));  // PeerLostError; explain_failure quotes the member
         } catch (const PeerLostError&) {

@@ -172,7 +172,9 @@ class ProcessGroup {
   explicit ProcessGroup(GroupContext context);
   // Derived constructors call start() when their transports are up, and their
   // destructors call stop() first, so the comm thread never sees a half-built or
-  // half-destroyed backend.
+  // half-destroyed backend. stop() called while an exception propagates (the group
+  // is being destroyed because its rank is failing) aborts the group first: see
+  // docs/comm.md, failure semantics.
   void start();
   void stop();
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #if defined(__AVX2__)
@@ -17,17 +18,20 @@ namespace {
 // max/min that propagate NaN whichever side it is on (as the tensor ops do). std::max(a, b)
 // returns a when the comparison fails, so max(NaN, 1) = NaN but max(1, NaN) = 1: in
 // recursive doubling each partner combines (own, incoming), so ranks would disagree.
-// These are commutative, so every algorithm gives every rank the same bits.
+// A NaN result is the canonical quiet NaN (NaNs from different sources differ in sign and
+// payload), so these are commutative to the bit and every rank ends with the same bits.
 template <typename C>
 inline C nan_max(C a, C b) {
-  if (a != a) return a;
-  if (b != b) return b;
+  if constexpr (std::is_floating_point_v<C>) {
+    if (a != a || b != b) return std::numeric_limits<C>::quiet_NaN();
+  }
   return a < b ? b : a;
 }
 template <typename C>
 inline C nan_min(C a, C b) {
-  if (a != a) return a;
-  if (b != b) return b;
+  if constexpr (std::is_floating_point_v<C>) {
+    if (a != a || b != b) return std::numeric_limits<C>::quiet_NaN();
+  }
   return b < a ? b : a;
 }
 

@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <exception>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -130,9 +131,15 @@ void DataParallel::sync_replica_state(size_t replica, const std::vector<uint64_t
   // Buffers: this forward's copy of the originals' values, as new tensors so that a dtype
   // or device the module was moved to since (dp.to(...)) reaches the replicas too; on the
   // same device a clone, so the replica's BatchNorm updates its own copy.
+  // A buffer registered under several names (shared between modules) gets one copy,
+  // assigned to every name, so the replica's modules share it as the original's do.
   autograd::NoGradGuard no_grad;
-  for (auto& [name, b] : module_->named_buffers(true, /*remove_duplicate=*/false))
-    r.buffer(name) = b.device() == devices_[replica] ? b.clone() : b.to(devices_[replica]);
+  std::map<const TensorImpl*, Tensor> copies;
+  for (auto& [name, b] : module_->named_buffers(true, /*remove_duplicate=*/false)) {
+    auto [it, fresh] = copies.try_emplace(b.unsafe_impl());
+    if (fresh) it->second = b.device() == devices_[replica] ? b.clone() : b.to(devices_[replica]);
+    r.buffer(name) = it->second;
+  }
 }
 
 Tensor DataParallel::forward(const Tensor& input) {

@@ -480,6 +480,7 @@ FitResult Trainer::run_fit(TrainingModule& module, std::shared_ptr<const data::D
     result.requeued = action.requeued;
     result.stopped_early = true;
   };
+  result.epochs_completed = start_epoch;  // the epochs a resumed run had finished before
   // A signal during start-up (rendezvous, resume): no step has run since the state
   // on disk (the checkpoint just loaded, or a fresh start that a restart repeats
   // exactly), so stop without saving rather than begin an epoch the walltime will cut.
@@ -492,7 +493,6 @@ FitResult Trainer::run_fit(TrainingModule& module, std::shared_ptr<const data::D
   const int accumulate = o.accumulate_grad_batches;
   const int64_t max_epochs = o.max_epochs > 0 ? o.max_epochs : std::numeric_limits<int64_t>::max();
   bool done = o.max_steps > 0 && global_step >= o.max_steps;  // a finished run resumed
-  result.epochs_completed = start_epoch;  // the epochs a resumed run had finished before
   for (int64_t epoch = start_epoch; epoch < max_epochs && !done; ++epoch) {
     // The learning rate this epoch trains with (the metrics CSV reports it; the schedule
     // steps at the epoch's end, before the row is written).

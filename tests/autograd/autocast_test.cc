@@ -102,7 +102,7 @@ TEST(AutocastTest, NormsResidualsJoinsAndFloat64WorkAsInTorch) {
 }
 
 // sum, exp, log and pow are on torch.autocast's float32 list: a user's loss over a half GEMM
-// output (64 values of 32 * 32 = 1024 each sum to 65536 > float16's 65504) must not overflow.
+// output must not overflow (here 4096 values of 2048 sum to 8388608, far past float16's 65504).
 TEST(AutocastTest, SumExpLogAndPowComputeInFloat32) {
   Tensor x = full({64, 64}, 0.5);
   Tensor w = full({64, 64}, 1.0);

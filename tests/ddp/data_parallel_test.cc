@@ -238,6 +238,36 @@ TEST(DataParallelTest, ReplicasRunOnTheSameWorkerThreadsEveryForward) {
   EXPECT_EQ(workers.size(), 2u);   // replicas 1 and 2: the same two threads throughout
 }
 
+// Two modules sharing one buffer tensor: the first bumps it in place, the second adds it.
+class BumpBuffer : public nn::Cloneable<BumpBuffer> {
+ public:
+  explicit BumpBuffer(Tensor shared) : Cloneable("BumpBuffer") { slot_ = register_buffer("count", shared); }
+  Tensor forward(const Tensor& input) override {
+    autograd::NoGradGuard no_grad;
+    add_(buffer(slot_), ones({1}));
+    return input;
+  }
+  nn::BufferSlot slot_;
+};
+class AddBuffer : public nn::Cloneable<AddBuffer> {
+ public:
+  explicit AddBuffer(Tensor shared) : Cloneable("AddBuffer") { slot_ = register_buffer("count", shared); }
+  Tensor forward(const Tensor& input) override { return ag::add(input, buffer(slot_)); }
+  nn::BufferSlot slot_;
+};
+
+// A buffer shared between modules stays shared in every replica (each buffer name used
+// to get its own copy, so the second module read a stale value in replicas 1..n-1).
+TEST(DataParallelTest, ABufferSharedBetweenModulesStaysSharedInTheReplicas) {
+  Tensor shared = zeros({1});
+  auto seq = nn::make<nn::Sequential>();
+  seq->push_back(std::make_shared<BumpBuffer>(shared));
+  seq->push_back(std::make_shared<AddBuffer>(shared));
+  DataParallel dp(seq, std::vector<Device>(2, Device::cpu()));
+  std::vector<float> out = dp.forward(zeros({4, 1})).to_vector<float>();
+  EXPECT_EQ(out, std::vector<float>(4, 1.0f));  // every row saw its replica's bump
+}
+
 TEST(DataParallelTest, ClearErrors) {
   auto m = make_mlp(1);
   EXPECT_THROW(DataParallel(m, {}), Error);
