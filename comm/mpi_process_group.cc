@@ -117,10 +117,14 @@ class MpiProcessGroup final : public ProcessGroup {
     // block): MPI forbids aliased send and receive buffers, so the input is copied aside.
     // (MPI_IN_PLACE would need every rank to pass it, and each rank decides alone here;
     // reduce_scatter's MPI_IN_PLACE also puts the result at the start of the buffer.)
-    const bool in_place = c.input.count > 0 && c.output.data != nullptr &&
-                          static_cast<const char*>(c.input.data) < static_cast<const char*>(c.output.data) + c.output.nbytes() &&
-                          static_cast<const char*>(c.output.data) < static_cast<const char*>(c.input.data) + c.input.nbytes();
+    const void* send = c.input.data;
     std::unique_ptr<char[]> input_copy;
+    if ((c.op == CollectiveOp::kAllgather || c.op == CollectiveOp::kReduceScatter) && c.input.count > 0 &&
+        c.input.overlaps(c.output)) {
+      input_copy = std::make_unique<char[]>(c.input.nbytes());
+      std::memcpy(input_copy.get(), c.input.data, c.input.nbytes());
+      send = input_copy.get();
+    }
     {
       std::lock_guard<std::mutex> lock(mpi_call_mutex());
       switch (c.op) {
@@ -139,20 +143,11 @@ class MpiProcessGroup final : public ProcessGroup {
                                 mpi_op(c.input.dtype, c.reduce_op), c.peer, comm, &request));
           break;
         case CollectiveOp::kAllgather:
-          if (in_place) {
-            input_copy = std::make_unique<char[]>(c.input.nbytes());
-            std::memcpy(input_copy.get(), c.input.data, c.input.nbytes());
-          }
-          MPI_CHECK(MPI_Iallgather(in_place ? input_copy.get() : c.input.data, mpi_count(c.input.count, "allgather"),
-                                   type, c.output.data, static_cast<int>(c.input.count), type, comm,
-                                   &request));
+          MPI_CHECK(MPI_Iallgather(send, mpi_count(c.input.count, "allgather"), type, c.output.data,
+                                   static_cast<int>(c.input.count), type, comm, &request));
           break;
         case CollectiveOp::kReduceScatter:
-          if (in_place) {
-            input_copy = std::make_unique<char[]>(c.input.nbytes());
-            std::memcpy(input_copy.get(), c.input.data, c.input.nbytes());
-          }
-          MPI_CHECK(MPI_Ireduce_scatter_block(in_place ? input_copy.get() : c.input.data, c.output.data,
+          MPI_CHECK(MPI_Ireduce_scatter_block(send, c.output.data,
                                               mpi_count(c.output.count, "reduce_scatter"), type,
                                               mpi_op(c.input.dtype, c.reduce_op), comm, &request));
           break;

@@ -193,12 +193,6 @@ Work ProcessGroup::recv(BufferRef buffer, int src, int tag) {
 }
 
 namespace {
-// Whether two buffers share any byte (same device assumed: enqueue checks that first).
-bool ranges_overlap(const BufferRef& a, const BufferRef& b) {
-  const auto* a0 = static_cast<const char*>(a.data);
-  const auto* b0 = static_cast<const char*>(b.data);
-  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
-}
 // `part` is block `index` of `whole` (whole.data + index * part's bytes): the one layout
 // in which allgather (input = this rank's block of the output) and reduce_scatter
 // (output = this rank's block of the input) run in place on every backend.
@@ -234,7 +228,7 @@ Work ProcessGroup::enqueue(Collective c, Launch launch) {
       RT_CHECK(c.output.count == c.input.count * n, "allgather: output has ", c.output.count,
                " elements; it needs size() * input.count = ", n, " * ", c.input.count);
       // Any other overlap is undefined for MPI and NCCL (and gave wrong results under mpi).
-      RT_CHECK(c.input.count == 0 || !ranges_overlap(c.input, c.output) || is_block(c.input, c.output, context_.rank),
+      RT_CHECK(c.input.count == 0 || !c.input.overlaps(c.output) || is_block(c.input, c.output, context_.rank),
                "allgather: the input overlaps the output other than as this rank's block; in place, "
                "the input must be exactly output + rank * count (rank ", context_.rank, "), else pass a "
                "separate input buffer");
@@ -242,7 +236,7 @@ Work ProcessGroup::enqueue(Collective c, Launch launch) {
     case CollectiveOp::kReduceScatter:
       RT_CHECK(c.input.count == c.output.count * n, "reduce_scatter: input has ", c.input.count,
                " elements; it needs size() * output.count = ", n, " * ", c.output.count);
-      RT_CHECK(c.output.count == 0 || !ranges_overlap(c.input, c.output) || is_block(c.output, c.input, context_.rank),
+      RT_CHECK(c.output.count == 0 || !c.input.overlaps(c.output) || is_block(c.output, c.input, context_.rank),
                "reduce_scatter: the output overlaps the input other than as this rank's block; in place, "
                "the output must be exactly input + rank * count (rank ", context_.rank, "), else pass a "
                "separate output buffer");
@@ -253,7 +247,7 @@ Work ProcessGroup::enqueue(Collective c, Launch launch) {
                ") must have the same count, a multiple of size() = ", n);
       // Every backend sends block j while blocks arrive: in place, an arriving block
       // would overwrite one not yet sent (the ring's rounds, MPI without MPI_IN_PLACE).
-      RT_CHECK(c.input.count == 0 || !ranges_overlap(c.input, c.output),
+      RT_CHECK(c.input.count == 0 || !c.input.overlaps(c.output),
                "all_to_all: the input and output buffers overlap; it cannot run in place. Pass a "
                "separate output buffer (or copy the input first)");
       break;

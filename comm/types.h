@@ -51,6 +51,12 @@ struct BufferRef {
   Device device = Device::cpu();
 
   size_t nbytes() const { return count * dtype_size(dtype); }
+  // Whether the two buffers share any byte (same device assumed).
+  bool overlaps(const BufferRef& other) const {
+    const auto* a = static_cast<const char*>(data);
+    const auto* b = static_cast<const char*>(other.data);
+    return a < b + other.nbytes() && b < a + nbytes();
+  }
 };
 
 // Any failure of the communication layer.

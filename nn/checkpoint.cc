@@ -404,7 +404,9 @@ CheckpointManager::CheckpointManager(std::string directory, int keep_last, std::
 std::string CheckpointManager::save(const CheckpointTargets& targets, TrainingProgress progress,
                                     const json& extra) {
   RT_CHECK(progress.step >= 0, "CheckpointManager::save: step must be non-negative, got ", progress.step);
-  fs::create_directories(directory_);
+  std::error_code ec;
+  fs::create_directories(directory_, ec);
+  if (ec) throw CheckpointError("CheckpointManager: cannot create the checkpoint directory " + directory_ + ": " + ec.message());
   // Never write over a committed checkpoint: overwriting is two renames (tensors,
   // then record), and a crash between them would leave a record whose CRC no longer
   // matches, i.e. no valid checkpoint at that step at all. A second save at a step
@@ -552,25 +554,23 @@ void CheckpointManager::prune(const std::string& just_written) const {
   // Only complete checkpoints count towards keep_last and only they are deleted: a
   // damaged one (a bad record, a truncated file) is left for a person to look at,
   // and must not push the last good ones out.
-  // In save order (list()), so the ones dropped are the least recently saved, whatever
-  // their steps.
-  std::vector<std::string> stems;
-  for (std::string& stem : list())
-    if (stem == just_written || looks_complete(stem)) stems.push_back(std::move(stem));
-  if (static_cast<int>(stems.size()) <= keep_last_) return;
-  const size_t n_drop = stems.size() - static_cast<size_t>(keep_last_);
+  // In save order, so the ones dropped are the least recently saved, whatever their steps.
+  std::vector<Saved> complete;
+  for (Saved& saved : list_saved())
+    if (saved.stem == just_written || looks_complete(saved.stem)) complete.push_back(std::move(saved));
+  if (static_cast<int>(complete.size()) <= keep_last_) return;
+  const size_t n_drop = complete.size() - static_cast<size_t>(keep_last_);
   for (size_t i = 0; i < n_drop; ++i) {
     // The checkpoint just written is valid (save read it back for its CRC): never drop
     // it (it is the newest anyway), or the directory could be left without a valid one.
-    if (stems[i] == just_written) continue;
-    fs::remove(json_path(stems[i]), ec);  // un-commit first, then the data
-    fs::remove(tensors_path(stems[i]), ec);
+    if (complete[i].stem == just_written) continue;
+    fs::remove(json_path(complete[i].stem), ec);  // un-commit first, then the data
+    fs::remove(tensors_path(complete[i].stem), ec);
   }
   // Tensor files whose record never landed (a crash mid-save), numbered below every
   // checkpoint kept.
-  CheckpointKey oldest_kept = *parse_key(fs::path(stems[n_drop]).filename().string() + ".json", ".json");
-  for (size_t i = n_drop; i < stems.size(); ++i)
-    oldest_kept = std::min(oldest_kept, *parse_key(fs::path(stems[i]).filename().string() + ".json", ".json"));
+  CheckpointKey oldest_kept = complete[n_drop].key;
+  for (size_t i = n_drop; i < complete.size(); ++i) oldest_kept = std::min(oldest_kept, complete[i].key);
   for (const auto& entry : fs::directory_iterator(directory_, ec)) {
     std::string name = entry.path().filename().string();
     std::optional<CheckpointKey> key = parse_key(name, ".safetensors");
