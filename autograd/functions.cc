@@ -826,7 +826,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   rt::check_class_targets(safe, classes, ignore_index, "cross_entropy");
   // Sums over samples (the loss total, the count of valid targets) in float32 at least, rounded
   // once: in float16 either passes 65504 with a large enough batch.
-  const DType acc = is_reduced_precision_float(logits.dtype()) ? DType::kFloat32 : logits.dtype();
+  const DType acc = accumulation_dtype(logits.dtype());
   Tensor weight = valid.to(acc);
   Tensor count = rt::sum(weight);
   Tensor picked = rt::gather(logp, 1, safe.unsqueeze(1)).squeeze(1);

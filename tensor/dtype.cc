@@ -45,6 +45,8 @@ bool is_reduced_precision_float(DType dtype) {
   return dtype == DType::kFloat16 || dtype == DType::kBFloat16;
 }
 
+DType accumulation_dtype(DType dtype) { return is_reduced_precision_float(dtype) ? DType::kFloat32 : dtype; }
+
 bool is_floating_point(DType dtype) {
   return dtype == DType::kFloat32 || dtype == DType::kFloat64 || dtype == DType::kFloat16 ||
          dtype == DType::kBFloat16;

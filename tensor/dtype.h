@@ -1,7 +1,7 @@
 // dtype.h: the element types a Tensor (and a collective buffer) can hold.
 //
 // defines: DType, dtype_size, dtype_name, parse_dtype, is_floating_point,
-//          is_reduced_precision_float,
+//          is_reduced_precision_float, accumulation_dtype,
 //          Half/BFloat16 storage types with float conversions, dispatch_dtype,
 //          saturating_float_to_int and the wrapping_* integer arithmetic that
 //          every CPU and CUDA kernel shares.
@@ -36,6 +36,9 @@ bool is_floating_point(DType dtype);
 // float16 or bfloat16: the dtypes with 16-bit storage and an 8-bit or 11-bit
 // significand, which mixed precision computes in and must not accumulate in.
 bool is_reduced_precision_float(DType dtype);
+// The dtype sums of `dtype` values are taken in before rounding back once: float32 for
+// float16/bfloat16 (their sums pass 65504 long before their means do), else `dtype`.
+DType accumulation_dtype(DType dtype);
 
 // IEEE binary16 storage. Conversions round to nearest even.
 struct Half {

@@ -417,12 +417,11 @@ Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
   int64_t count = 1;
   for (int64_t d = 0; d < a.dim(); ++d)
     if (mask[d]) count *= a.shape()[d];
-  // float16/bfloat16: sum and divide in float32, round once. The sum of a half tensor passes
-  // 65504 long before its mean does (10000 tens), and rounding it to half first gives inf.
-  const bool narrow = is_reduced_precision_float(a.dtype());
-  Tensor total = sum(narrow ? a.to(DType::kFloat32) : a, dims, keepdim);
+  // float16/bfloat16: sum and divide in float32, round once (the sum of 10000 half tens is
+  // inf; their mean is 10). to() is free when the dtype is already the one asked for.
+  Tensor total = sum(a.to(accumulation_dtype(a.dtype())), dims, keepdim);
   Tensor result = count == 0 ? full_like(total, std::nan("")) : div(total, static_cast<double>(count));
-  return narrow ? result.to(a.dtype()) : result;
+  return result.to(a.dtype());
 }
 
 Tensor amax(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
@@ -710,7 +709,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   if (label_smoothing > 0) per_sample = sub(per_sample, mul(mean(logp, {1}), label_smoothing));
   // The sums over samples (the loss total and the count of valid targets) in float32 at least,
   // rounded once at the end: in float16 either passes 65504 with a large enough batch.
-  const DType acc = is_reduced_precision_float(logits.dtype()) ? DType::kFloat32 : logits.dtype();
+  const DType acc = accumulation_dtype(logits.dtype());
   Tensor weight = valid.to(acc);
   return div(sum(mul(per_sample.to(acc), weight)), sum(weight)).to(logits.dtype());
 }

@@ -41,6 +41,7 @@ TEST(DType, SizesAndKinds) {
     const bool floating = reduced || dtype == DType::kFloat32 || dtype == DType::kFloat64;
     EXPECT_EQ(is_reduced_precision_float(dtype), reduced) << dtype_name(dtype);
     EXPECT_EQ(is_floating_point(dtype), floating) << dtype_name(dtype);
+    EXPECT_EQ(accumulation_dtype(dtype), reduced ? DType::kFloat32 : dtype) << dtype_name(dtype);
   }
 }
 
