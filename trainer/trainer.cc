@@ -442,21 +442,15 @@ FitResult Trainer::run_fit(TrainingModule& module, std::shared_ptr<const data::D
     std::printf("trainer: %s | strategy %s | device %s | precision %s | world %d\n", env.describe().c_str(),
                 o.strategy.c_str(), device.str().c_str(), o.precision.c_str(), world);
 
-  // Rank 0 alone writes, and the others go on to the next collective: when its save
-  // fails (disk full, say), it aborts the group with the reason, so they fail at once
-  // with that message instead of waiting for it.
+  // Rank 0 alone writes, and the others go on to the next collective: a failed save
+  // (disk full, say) reaches them through fit()'s abort, with its reason.
   auto save = [&](int64_t epoch, int64_t batches_into_epoch) {
     if (!checkpoints || !global_zero) return;
-    try {
-      checkpoints->save(targets, {epoch, global_step},
-                        nlohmann::json{{"batches_into_epoch", batches_into_epoch},
-                                       {"data_layout", data_layout},
-                                       {"scaler", scaler.state_dict()},
-                                       {"skipped_steps", result.skipped_steps}});
-    } catch (const std::exception& e) {
-      if (group) group->abort(detail::concat("Trainer: saving the checkpoint failed on rank 0: ", e.what()));
-      throw;
-    }
+    checkpoints->save(targets, {epoch, global_step},
+                      nlohmann::json{{"batches_into_epoch", batches_into_epoch},
+                                     {"data_layout", data_layout},
+                                     {"scaler", scaler.state_dict()},
+                                     {"skipped_steps", result.skipped_steps}});
   };
 
   // ---- 5/6. train
