@@ -62,6 +62,7 @@
 #include "nn/layers.h"
 #include "nn/optim.h"
 #include "tensor/cuda/runtime.h"
+#include "tensor/kernels.h"
 #include "tensor/ops.h"
 
 using namespace ringtrain;
@@ -396,10 +397,11 @@ int run(int argc, char** argv, std::shared_ptr<comm::ProcessGroup>& pg) {
     auto hidden_fraction = [&](const Row& r) { return r.t_comm > 0 ? 1.0 - (r.t_ms - t_local) / r.t_comm : 0; };
     double h = hidden_fraction(ovl);
     double h_bound = ovl.t_comm > 0 ? 1.0 - ovl.comm_cpu_ms / ovl.t_comm : 0;
-    std::printf("# DDP step: MLP %lld-%lldx%lld-%lld, batch %lld per rank, f32, %d rank(s), backend %s, %s%s\n",
+    std::printf("# DDP step: MLP %lld-%lldx%lld-%lld, batch %lld per rank, f32, %d rank(s), backend %s, %s%s%s%s\n",
                 (long long)c.in_features, (long long)c.hidden, (long long)c.width, (long long)c.classes,
                 (long long)c.batch, world, c.backend.c_str(), device.str().c_str(),
-                c.grad_as_view ? ", gradient_as_bucket_view" : "");
+                c.grad_as_view ? ", gradient_as_bucket_view" : "", device.is_cpu() ? ", GEMM kernel " : "",
+                device.is_cpu() ? kernels::cpu::sgemm_kernel_name() : "");
     std::printf("%-12s %9s %8s %10s %10s %10s %13s %7s\n", "config", "cap(MiB)", "buckets", "step(ms)", "t_comm(ms)",
                 "wait(ms)", "comm_cpu(ms)", "h");
     std::printf("%-12s %9s %8s %10.2f %10s %10s %13s %7s\n", "local", "-", "-", t_local, "-", "-", "-", "-");

@@ -49,6 +49,7 @@
 #include "bench/bench_cli.h"
 #include "nn/layers.h"
 #include "nn/optim.h"
+#include "tensor/kernels.h"
 #include "tensor/ops.h"
 
 #ifndef RINGTRAIN_SOURCE_DIR
@@ -341,10 +342,10 @@ int main(int argc, char** argv) {
     }();
     double om = median(ours_ms), omin = *std::min_element(ours_ms.begin(), ours_ms.end());
     std::printf("MLP step: %lld -> %lld x %lld -> %lld, batch %lld, float32, SGD lr %g, one thread; "
-                "%d rounds x %d steps, median quoted\n",
+                "%d rounds x %d steps, median quoted; our GEMM kernel: %s\n",
                 static_cast<long long>(in_features), static_cast<long long>(hidden),
                 static_cast<long long>(width), static_cast<long long>(classes), static_cast<long long>(batch),
-                lr, rounds, steps);
+                lr, rounds, steps, kernels::cpu::sgemm_kernel_name());
     std::printf("%-10s %14s %11s %9s %9s %8s\n", "impl", "median ms/step", "min ms", "GFLOP/s", "ratio", "#wrong");
     std::printf("%-10s %14.3f %11.3f %9.1f %9s %8s\n", "ringtrain", om, omin, flops / om * 1e-6, "",
                 torch ? std::to_string(wrong).c_str() : "-");

@@ -312,7 +312,8 @@ void print_ratios(const RatioReporter& r) {
   const double mem = r.get("memcpy", "GB");
   std::printf("\n== ratios to this machine's ceilings (medians, single thread; - : not run) ==\n");
   std::printf("memcpy bandwidth (read+write): %s GB/s\n", figure(mem, 2).c_str());
-  std::printf("%-34s %10s %10s %8s\n", "GEMM f32 (n = m = k)", "ours", "OpenBLAS", "ratio");
+  std::printf("%-34s %10s %10s %8s   (our kernel: %s)\n", "GEMM f32 (n = m = k)", "ours", "OpenBLAS", "ratio",
+              ringtrain::kernels::cpu::sgemm_kernel_name());
   for (int64_t n : gemm_sizes()) {
     const double ours = r.get("matmul_f32/" + std::to_string(n), "GFLOP");
     const double blas = r.get("openblas_sgemm_1thread/" + std::to_string(n), "GFLOP");

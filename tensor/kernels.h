@@ -74,6 +74,9 @@ const char* binary_op_name(BinaryOp op);
 
 namespace cpu {
 RINGTRAIN_DECLARE_KERNELS
+// The f32 GEMM's micro-kernel: "avx512 8x32" or "avx2 6x16" (tensor/cpu/matmul.cc; the widest
+// the build targets unless RINGTRAIN_CPU_GEMM=avx2 asks for the narrower), or "eigen".
+const char* sgemm_kernel_name();
 }
 namespace cuda {
 RINGTRAIN_DECLARE_KERNELS

@@ -5,15 +5,18 @@
 //   for each kNC-wide column block of B            (B block: kKC x kNC, lives in L3)
 //     for each kKC-deep slice of k                 (pack B slice into kNR-wide panels)
 //       for each kMC-tall row block of A           (pack A block into kMR-tall panels, in L2)
-//         for each kNR x kMR tile of C: micro-kernel, kc rank-1 updates of a 6x16 tile
-//         held in 12 ymm accumulators (2 vector loads of B + 6 broadcasts of A feed
-//         12 FMAs per k step; the B micro-panel, kKC x 16 floats = 16 KiB, stays in L1).
+//         for each kMR x kNR tile of C: micro-kernel, kc rank-1 updates of the tile held
+//         in registers (AVX-512: 8x32 in 16 zmm accumulators, 2 vector loads of B + 8
+//         broadcasts of A feed 16 FMAs per k step; AVX2: 6x16 in 12 ymm, 12 FMAs per
+//         step); the B micro-panel (kKC x kNR floats, 48 or 16 KiB) stays in L1/L2.
 // Packing reads the operands through their strides, so transposed, sliced and
 // broadcast (stride-0) views need no copy; edge tiles are computed into a
 // scratch tile and added partially. The first k slice stores the tile, later
 // slices accumulate into C. Cost: 2 m n k flops; packing is O(mk + kn) per pass.
+// The build's -march=native picks the tile: AVX-512 where the compiler targets it,
+// else AVX2 (RINGTRAIN_CPU_GEMM=avx2 forces the narrower one, to compare or test it).
 // Eigen's GEMM (which packs the same way with a 24x4 kernel) measured only ~0.7x
-// OpenBLAS single-thread here; this kernel is at ~0.85-1.0x (docs/tensor-benchmark.md).
+// OpenBLAS single-thread here; the AVX2 tile is at ~0.85-1.0x (docs/tensor-benchmark.md).
 //
 // f64, and f32 on machines without AVX2/FMA: Eigen. Each operand of each batch is
 // wrapped in an Eigen::Map without copying when one of its two matrix strides is
@@ -27,7 +30,9 @@
 // f16/bf16: both operands converted to f32, multiplied with f32 accumulation (as
 // cuBLAS does) and rounded once on store. Integer dtypes are rejected.
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include <Eigen/Core>
@@ -43,6 +48,9 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define RINGTRAIN_PACKED_SGEMM 1
+#if defined(__AVX512F__)
+#define RINGTRAIN_PACKED_SGEMM_AVX512 1
+#endif
 #endif
 
 namespace ringtrain::kernels::cpu {
@@ -83,73 +91,115 @@ void gemm(const MatRef<C>& a, const MatRef<C>& b, C* y) {
 }
 
 #ifdef RINGTRAIN_PACKED_SGEMM
-// ---------------------------------------------------------------- packed SGEMM (AVX2 + FMA)
+// ---------------------------------------------------------------- packed SGEMM (AVX2 + FMA, AVX-512)
+//
+// Two micro-kernels share the loop nest below; the tile shape is the only difference.
+//   Avx2Tile   6 x 16: 12 ymm accumulators; per k step 2 loads of B, 6 broadcasts of A, 12 FMAs.
+//   Avx512Tile 8 x 32: 16 zmm accumulators; per k step 2 loads of B, 8 broadcasts of A, 16 FMAs,
+//              each FMA twice as wide. 8 rows divide the batch of 64 that DDP and the
+//              benchmarks use (6 left a 4-row edge tile), 16 independent accumulators cover
+//              the FMA latency x throughput product (4 cycles x 2 pipes) with room to spare.
+// The B micro-panel (kKC x kNR floats) is what stays close across the A panels: 16 KiB for
+// the AVX2 tile, 48 KiB for the AVX-512 one. Its depth was measured, not derived: on the MLP
+// step (docs/mlp-benchmark.md, a Zen 5 core with a 48 KiB L1) kKC 384 beat 128, 192, 256 and
+// 512 by 3-15%; deeper slices also mean fewer passes that reload and add into C.
 
-constexpr int64_t kMR = 6;     // rows of a C tile (6 broadcasts of A per k step)
-constexpr int64_t kNR = 16;    // columns of a C tile (2 ymm vectors of B)
-constexpr int64_t kMC = 144;   // rows of A packed per block: 144 x 256 x 4 B = 144 KiB (L2)
-constexpr int64_t kKC = 256;   // depth of one packed slice
-constexpr int64_t kNC = 4096;  // columns of B packed per block: 256 x 4096 x 4 B = 4 MiB (L3)
+constexpr int64_t kMC = 144;   // rows of A packed per block: 144 x 384 x 4 B = 216 KiB (L2)
+constexpr int64_t kNC = 4096;  // columns of B packed per block: 384 x 4096 x 4 B = 6 MiB (L3)
 
-// c[0..6)[0..16) (+)= sum_p a[p][0..6) * b[p][0..16); a, b packed; acc: add into c.
-inline void micro_kernel_6x16(int64_t kc, const float* __restrict a, const float* __restrict b,
-                              float* c, int64_t ldc, bool acc) {
-  __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps();
-  __m256 c11 = _mm256_setzero_ps(), c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
-  __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps(), c40 = _mm256_setzero_ps();
-  __m256 c41 = _mm256_setzero_ps(), c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
+struct Avx2Tile {
+  static constexpr int64_t kMR = 6;    // rows of a C tile (6 broadcasts of A per k step)
+  static constexpr int64_t kNR = 16;   // columns of a C tile (2 ymm vectors of B)
+  static constexpr int64_t kKC = 256;  // depth of one packed slice
+  static constexpr const char* kName = "avx2 6x16";
+
+  // c[0..6)[0..16) (+)= sum_p a[p][0..6) * b[p][0..16); a, b packed; acc: add into c.
+  static void run(int64_t kc, const float* __restrict a, const float* __restrict b, float* c,
+                  int64_t ldc, bool acc) {
+    __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps();
+    __m256 c11 = _mm256_setzero_ps(), c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
+    __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps(), c40 = _mm256_setzero_ps();
+    __m256 c41 = _mm256_setzero_ps(), c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
 #pragma GCC unroll 4
-  for (int64_t p = 0; p < kc; ++p) {
-    const __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
-    __m256 av = _mm256_broadcast_ss(a + 0);
-    c00 = _mm256_fmadd_ps(av, b0, c00);
-    c01 = _mm256_fmadd_ps(av, b1, c01);
-    av = _mm256_broadcast_ss(a + 1);
-    c10 = _mm256_fmadd_ps(av, b0, c10);
-    c11 = _mm256_fmadd_ps(av, b1, c11);
-    av = _mm256_broadcast_ss(a + 2);
-    c20 = _mm256_fmadd_ps(av, b0, c20);
-    c21 = _mm256_fmadd_ps(av, b1, c21);
-    av = _mm256_broadcast_ss(a + 3);
-    c30 = _mm256_fmadd_ps(av, b0, c30);
-    c31 = _mm256_fmadd_ps(av, b1, c31);
-    av = _mm256_broadcast_ss(a + 4);
-    c40 = _mm256_fmadd_ps(av, b0, c40);
-    c41 = _mm256_fmadd_ps(av, b1, c41);
-    av = _mm256_broadcast_ss(a + 5);
-    c50 = _mm256_fmadd_ps(av, b0, c50);
-    c51 = _mm256_fmadd_ps(av, b1, c51);
-    a += kMR;
-    b += kNR;
-  }
-  auto put = [acc](float* row, __m256 x0, __m256 x1) {
-    if (acc) {
-      x0 = _mm256_add_ps(x0, _mm256_loadu_ps(row));
-      x1 = _mm256_add_ps(x1, _mm256_loadu_ps(row + 8));
-    }
-    _mm256_storeu_ps(row, x0);
-    _mm256_storeu_ps(row + 8, x1);
-  };
-  put(c, c00, c01);
-  put(c + ldc, c10, c11);
-  put(c + 2 * ldc, c20, c21);
-  put(c + 3 * ldc, c30, c31);
-  put(c + 4 * ldc, c40, c41);
-  put(c + 5 * ldc, c50, c51);
-}
-
-// A block [mc x kc] (element strides rs, cs) -> kMR-row panels, p-major, zero padded.
-void pack_a(int64_t mc, int64_t kc, const float* A, int64_t rs, int64_t cs, float* out) {
-  for (int64_t i0 = 0; i0 < mc; i0 += kMR) {
-    const int64_t mr = std::min(kMR, mc - i0);
     for (int64_t p = 0; p < kc; ++p) {
-      float* dst = out + p * kMR;
-      for (int64_t i = 0; i < mr; ++i) dst[i] = A[(i0 + i) * rs + p * cs];
-      for (int64_t i = mr; i < kMR; ++i) dst[i] = 0.0f;
+      const __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
+      __m256 av = _mm256_broadcast_ss(a + 0);
+      c00 = _mm256_fmadd_ps(av, b0, c00);
+      c01 = _mm256_fmadd_ps(av, b1, c01);
+      av = _mm256_broadcast_ss(a + 1);
+      c10 = _mm256_fmadd_ps(av, b0, c10);
+      c11 = _mm256_fmadd_ps(av, b1, c11);
+      av = _mm256_broadcast_ss(a + 2);
+      c20 = _mm256_fmadd_ps(av, b0, c20);
+      c21 = _mm256_fmadd_ps(av, b1, c21);
+      av = _mm256_broadcast_ss(a + 3);
+      c30 = _mm256_fmadd_ps(av, b0, c30);
+      c31 = _mm256_fmadd_ps(av, b1, c31);
+      av = _mm256_broadcast_ss(a + 4);
+      c40 = _mm256_fmadd_ps(av, b0, c40);
+      c41 = _mm256_fmadd_ps(av, b1, c41);
+      av = _mm256_broadcast_ss(a + 5);
+      c50 = _mm256_fmadd_ps(av, b0, c50);
+      c51 = _mm256_fmadd_ps(av, b1, c51);
+      a += kMR;
+      b += kNR;
     }
-    out += kc * kMR;
+    auto put = [acc](float* row, __m256 x0, __m256 x1) {
+      if (acc) {
+        x0 = _mm256_add_ps(x0, _mm256_loadu_ps(row));
+        x1 = _mm256_add_ps(x1, _mm256_loadu_ps(row + 8));
+      }
+      _mm256_storeu_ps(row, x0);
+      _mm256_storeu_ps(row + 8, x1);
+    };
+    put(c, c00, c01);
+    put(c + ldc, c10, c11);
+    put(c + 2 * ldc, c20, c21);
+    put(c + 3 * ldc, c30, c31);
+    put(c + 4 * ldc, c40, c41);
+    put(c + 5 * ldc, c50, c51);
   }
-}
+};
+
+#ifdef RINGTRAIN_PACKED_SGEMM_AVX512
+struct Avx512Tile {
+  static constexpr int64_t kMR = 8;    // rows of a C tile (8 broadcasts of A per k step)
+  static constexpr int64_t kNR = 32;   // columns of a C tile (2 zmm vectors of B)
+  static constexpr int64_t kKC = 384;  // B micro-panel 384 x 32 x 4 B = 48 KiB
+  static constexpr const char* kName = "avx512 8x32";
+
+  // c[0..8)[0..32) (+)= sum_p a[p][0..8) * b[p][0..32); a, b packed; acc: add into c.
+  static void run(int64_t kc, const float* __restrict a, const float* __restrict b, float* c,
+                  int64_t ldc, bool acc) {
+    __m512 lo[kMR], hi[kMR];  // row i of the tile: columns 0..15 in lo[i], 16..31 in hi[i]
+#pragma GCC unroll 8
+    for (int i = 0; i < kMR; ++i) lo[i] = hi[i] = _mm512_setzero_ps();
+#pragma GCC unroll 2
+    for (int64_t p = 0; p < kc; ++p) {
+      // One rank-1 update: row p of the B panel (2 vectors) times column p of the A panel.
+      const __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
+#pragma GCC unroll 8
+      for (int i = 0; i < kMR; ++i) {
+        const __m512 av = _mm512_set1_ps(a[i]);  // folds into the FMA as a {1to16} broadcast
+        lo[i] = _mm512_fmadd_ps(av, b0, lo[i]);
+        hi[i] = _mm512_fmadd_ps(av, b1, hi[i]);
+      }
+      a += kMR;
+      b += kNR;
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < kMR; ++i) {
+      float* row = c + i * ldc;
+      if (acc) {
+        lo[i] = _mm512_add_ps(lo[i], _mm512_loadu_ps(row));
+        hi[i] = _mm512_add_ps(hi[i], _mm512_loadu_ps(row + 16));
+      }
+      _mm512_storeu_ps(row, lo[i]);
+      _mm512_storeu_ps(row + 16, hi[i]);
+    }
+  }
+};
+#endif  // RINGTRAIN_PACKED_SGEMM_AVX512
 
 // In-register transpose of eight 8-float rows: afterwards r[q] holds element q of every row.
 inline void transpose_8x8(__m256 r[8]) {
@@ -170,8 +220,40 @@ inline void transpose_8x8(__m256 r[8]) {
   }
 }
 
+// A block [mc x kc] (element strides rs, cs) -> kMR-row panels, p-major, zero padded.
+template <int64_t kMR>
+void pack_a(int64_t mc, int64_t kc, const float* A, int64_t rs, int64_t cs, float* out) {
+  for (int64_t i0 = 0; i0 < mc; i0 += kMR) {
+    const int64_t mr = std::min(kMR, mc - i0);
+    int64_t p_done = 0;
+    if (mr == kMR && cs == 1 && kMR % 8 == 0) {
+      // Row-major A (the activations in x @ W^T, the output gradient in g @ W): each panel
+      // row is a column of A. Read 8 floats from each of 8 rows, transpose in registers.
+      for (; p_done + 8 <= kc; p_done += 8) {
+        for (int64_t part = 0; part < kMR / 8; ++part) {
+          __m256 r[8];
+          for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(A + (i0 + part * 8 + i) * rs + p_done);
+          transpose_8x8(r);
+          for (int q = 0; q < 8; ++q) _mm256_storeu_ps(out + (p_done + q) * kMR + part * 8, r[q]);
+        }
+      }
+    } else if (mr == kMR && rs == 1) {
+      // Column-major A (g^T in the weight gradient g^T @ x): panel rows are contiguous.
+      for (; p_done < kc; ++p_done) std::memcpy(out + p_done * kMR, A + i0 + p_done * cs, kMR * sizeof(float));
+    }
+    for (int64_t p = p_done; p < kc; ++p) {
+      float* dst = out + p * kMR;
+      for (int64_t i = 0; i < mr; ++i) dst[i] = A[(i0 + i) * rs + p * cs];
+      for (int64_t i = mr; i < kMR; ++i) dst[i] = 0.0f;
+    }
+    out += kc * kMR;
+  }
+}
+
 // B slice [kc x nc] (element strides rs, cs) -> kNR-column panels, p-major, zero padded.
+template <int64_t kNR>
 void pack_b(int64_t kc, int64_t nc, const float* B, int64_t rs, int64_t cs, float* out) {
+  static_assert(kNR % 8 == 0, "B panels are written in 8-column parts");
   for (int64_t j0 = 0; j0 < nc; j0 += kNR) {
     const int64_t nr = std::min(kNR, nc - j0);
     int64_t p_done = 0;
@@ -180,11 +262,11 @@ void pack_b(int64_t kc, int64_t nc, const float* B, int64_t rs, int64_t cs, floa
       // row of W. Read 8 floats from each of 8 rows, transpose in registers, write 8
       // panel rows; a scalar gather here cost as much as a third of the GEMM.
       for (; p_done + 8 <= kc; p_done += 8) {
-        for (int half = 0; half < 2; ++half) {
+        for (int64_t part = 0; part < kNR / 8; ++part) {
           __m256 r[8];
-          for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(B + (j0 + half * 8 + i) * cs + p_done);
+          for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(B + (j0 + part * 8 + i) * cs + p_done);
           transpose_8x8(r);
-          for (int q = 0; q < 8; ++q) _mm256_storeu_ps(out + (p_done + q) * kNR + half * 8, r[q]);
+          for (int q = 0; q < 8; ++q) _mm256_storeu_ps(out + (p_done + q) * kNR + part * 8, r[q]);
         }
       }
     }
@@ -210,30 +292,33 @@ float* aligned_scratch(std::vector<float>& v, int64_t n) {
 }
 
 // C [m x n] (row stride ldc, contiguous rows) = A [m x k] @ B [k x n], any element strides.
+template <typename Tile>
 void packed_sgemm(int64_t m, int64_t n, int64_t k, const float* A, int64_t rsa, int64_t csa,
                   const float* B, int64_t rsb, int64_t csb, float* C, int64_t ldc) {
+  constexpr int64_t kMR = Tile::kMR, kNR = Tile::kNR, kKC = Tile::kKC;
+  static_assert(kMC % kMR == 0, "an A block is whole panels");
   static thread_local std::vector<float> a_buffer, b_buffer;
   float* ap = aligned_scratch(a_buffer, kMC * kKC);
   float* bp = aligned_scratch(b_buffer, kKC * std::min(kNC, (n + kNR - 1) / kNR * kNR));
-  alignas(32) float tile[kMR * kNR];
+  alignas(64) float tile[kMR * kNR];
   for (int64_t jc = 0; jc < n; jc += kNC) {
     const int64_t nc = std::min(kNC, n - jc);
     for (int64_t pc = 0; pc < k; pc += kKC) {
       const int64_t kc = std::min(kKC, k - pc);
       const bool acc = pc > 0;
-      pack_b(kc, nc, B + pc * rsb + jc * csb, rsb, csb, bp);
+      pack_b<kNR>(kc, nc, B + pc * rsb + jc * csb, rsb, csb, bp);
       for (int64_t ic = 0; ic < m; ic += kMC) {
         const int64_t mc = std::min(kMC, m - ic);
-        pack_a(mc, kc, A + ic * rsa + pc * csa, rsa, csa, ap);
+        pack_a<kMR>(mc, kc, A + ic * rsa + pc * csa, rsa, csa, ap);
         for (int64_t jr = 0; jr < nc; jr += kNR) {
           const int64_t nr = std::min(kNR, nc - jr);
           for (int64_t ir = 0; ir < mc; ir += kMR) {
             const int64_t mr = std::min(kMR, mc - ir);
             float* c = C + (ic + ir) * ldc + jc + jr;
             if (mr == kMR && nr == kNR) {
-              micro_kernel_6x16(kc, ap + ir * kc, bp + jr * kc, c, ldc, acc);
+              Tile::run(kc, ap + ir * kc, bp + jr * kc, c, ldc, acc);
             } else {  // edge tile: full tile into scratch, then the valid part
-              micro_kernel_6x16(kc, ap + ir * kc, bp + jr * kc, tile, kNR, false);
+              Tile::run(kc, ap + ir * kc, bp + jr * kc, tile, kNR, false);
               for (int64_t i = 0; i < mr; ++i)
                 for (int64_t j = 0; j < nr; ++j) {
                   c[i * ldc + j] = (acc ? c[i * ldc + j] : 0.0f) + tile[i * kNR + j];
@@ -244,6 +329,41 @@ void packed_sgemm(int64_t m, int64_t n, int64_t k, const float* A, int64_t rsa, 
       }
     }
   }
+}
+
+// The tile the GEMM uses: the widest this build targets, unless RINGTRAIN_CPU_GEMM names a
+// narrower one (for comparing kernels, and so the AVX2 tile stays tested on AVX-512 machines).
+enum class SgemmTile { kAvx2, kAvx512 };
+
+SgemmTile chosen_tile() {
+  static const SgemmTile tile = [] {
+#ifdef RINGTRAIN_PACKED_SGEMM_AVX512
+    SgemmTile widest = SgemmTile::kAvx512;
+    const char* allowed = "avx2 or avx512";
+#else
+    SgemmTile widest = SgemmTile::kAvx2;
+    const char* allowed = "avx2 (this build does not target AVX-512)";
+#endif
+    const char* env = std::getenv("RINGTRAIN_CPU_GEMM");
+    if (env == nullptr || *env == '\0') return widest;
+    const std::string v(env);
+    if (v == "avx2") return SgemmTile::kAvx2;
+    RT_CHECK(v == "avx512" && widest == SgemmTile::kAvx512, "RINGTRAIN_CPU_GEMM=", v,
+             " is not a GEMM kernel of this build: use ", allowed, ", or unset it for the widest");
+    return SgemmTile::kAvx512;
+  }();
+  return tile;
+}
+
+void packed_sgemm(int64_t m, int64_t n, int64_t k, const float* A, int64_t rsa, int64_t csa,
+                  const float* B, int64_t rsb, int64_t csb, float* C, int64_t ldc) {
+#ifdef RINGTRAIN_PACKED_SGEMM_AVX512
+  if (chosen_tile() == SgemmTile::kAvx512) {
+    packed_sgemm<Avx512Tile>(m, n, k, A, rsa, csa, B, rsb, csb, C, ldc);
+    return;
+  }
+#endif
+  packed_sgemm<Avx2Tile>(m, n, k, A, rsa, csa, B, rsb, csb, C, ldc);
 }
 #endif  // RINGTRAIN_PACKED_SGEMM
 
@@ -304,6 +424,17 @@ void batched_matmul_typed(const Tensor& a, const Tensor& b, const Tensor& out) {
 }
 
 }  // namespace
+
+const char* sgemm_kernel_name() {
+#ifdef RINGTRAIN_PACKED_SGEMM
+#ifdef RINGTRAIN_PACKED_SGEMM_AVX512
+  if (chosen_tile() == SgemmTile::kAvx512) return Avx512Tile::kName;
+#endif
+  return Avx2Tile::kName;
+#else
+  return "eigen";
+#endif
+}
 
 void batched_matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
   RT_CHECK(a.dim() == 3 && b.dim() == 3 && out.dim() == 3 && a.size(0) == out.size(0) &&

@@ -2,7 +2,10 @@
 // k = 0, size-0 dims) and linear against the float64 reference, with operands
 // that are transposed (column-major Map), sliced (neither stride 1: copied),
 // expanded and offset, in f32/f64/f16/bf16.
+#include <cstdlib>
 #include <string>
+
+#include "tensor/kernels.h"
 
 #include "tests/tensor/reference.h"
 
@@ -62,6 +65,59 @@ TEST(Matmul, LargeSquareFloat32) {
   Tensor b = random_view({520, 260}, DType::kFloat32, 8, Layout::kTransposed);
   EXPECT_TRUE(expect_close(matmul(a, b), ref_matmul(to_ref(a), to_ref(b)),
                            accumulate_tolerance_for(DType::kFloat32, 520)));
+}
+
+// The packed SGEMM's tiles (AVX-512 8x32, AVX2 6x16), its k slices (384 / 256 deep), A blocks
+// (144 rows) and B blocks (4096 columns): every size just below, at and above a boundary, with
+// the layouts that take different packing paths (B transposed: the 8x8 register transposes;
+// B contiguous: the memcpy rows; sliced: the strided gathers). CTest runs this binary a second
+// time with RINGTRAIN_CPU_GEMM=avx2, so both tiles are checked on an AVX-512 machine.
+TEST(Matmul, EveryEdgeOfTheSgemmTilesAndBlocks) {
+  struct Case {
+    int64_t m, n, k;
+  };
+  const Case cases[] = {
+      {1, 1, 1},     {8, 32, 8},    {7, 31, 9},     {9, 33, 7},    {6, 16, 383},  {5, 15, 384},
+      {17, 47, 385}, {64, 64, 255}, {63, 65, 256},  {65, 17, 257}, {143, 40, 20}, {144, 48, 33},
+      {145, 30, 12}, {12, 100, 400}, {3, 4100, 5},  {16, 4097, 17}, {64, 10, 769}, {2, 784, 64},
+  };
+  uint64_t seed = 100;
+  for (const Case& c : cases) {
+    for (Layout la : {Layout::kContiguous, Layout::kTransposed, Layout::kSliced}) {
+      for (Layout lb : {Layout::kContiguous, Layout::kTransposed, Layout::kSliced}) {
+        SCOPED_TRACE(std::to_string(c.m) + "x" + std::to_string(c.k) + " @ " + std::to_string(c.k) +
+                     "x" + std::to_string(c.n) + " " + layout_name(la) + " @ " + layout_name(lb) +
+                     " with " + kernels::cpu::sgemm_kernel_name());
+        Tensor a = random_view({c.m, c.k}, DType::kFloat32, ++seed, la);
+        Tensor b = random_view({c.k, c.n}, DType::kFloat32, ++seed, lb);
+        EXPECT_TRUE(expect_close(matmul(a, b), ref_matmul(to_ref(a), to_ref(b)),
+                                 accumulate_tolerance_for(DType::kFloat32, c.k)));
+      }
+    }
+  }
+}
+
+// Which micro-kernel runs: the widest the build targets on this CPU, or the one
+// RINGTRAIN_CPU_GEMM names. A build that silently fell back to Eigen or to the narrower tile
+// would still pass every numeric test above, at a fraction of the speed.
+TEST(Matmul, TheGemmKernelIsTheWidestTheBuildTargetsOrTheOneAskedFor) {
+  const std::string name = kernels::cpu::sgemm_kernel_name();
+  const char* env = std::getenv("RINGTRAIN_CPU_GEMM");
+  if (env != nullptr && std::string(env) == "avx2") {
+    EXPECT_EQ(name, "avx2 6x16");
+    return;
+  }
+#if RINGTRAIN_TEST_NATIVE_BUILD && defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512f")) {
+    EXPECT_EQ(name, "avx512 8x32");
+  } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    EXPECT_EQ(name, "avx2 6x16");
+  } else {
+    EXPECT_EQ(name, "eigen");
+  }
+#else
+  GTEST_SKIP() << "RINGTRAIN_NATIVE is off: the kernel (" << name << ") depends on the compiler's defaults";
+#endif
 }
 
 TEST(Matmul, IntegerAndMismatchedOperandsThrow) {
