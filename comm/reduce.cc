@@ -1,6 +1,7 @@
 #include "comm/reduce.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -195,6 +196,46 @@ void copy_bytes(void* dst, const void* src, size_t n) {
 #endif
   // the tail (and everything on a CPU without the vector paths): a short memcpy
   if (i < n) std::memcpy(out + i, in + i, n - i);
+}
+
+void copy_bytes_streaming(void* dst, const void* src, size_t n) {
+#if defined(__SSE2__)
+  char* out = static_cast<char*>(dst);
+  const char* in = static_cast<const char*>(src);
+  // Streaming stores need an aligned destination: ordinary stores up to the first
+  // 32-byte boundary, then whole vectors, then the tail.
+  size_t i = std::min(n, (32 - reinterpret_cast<uintptr_t>(out) % 32) % 32);
+  std::memcpy(out, in, i);
+#if defined(__AVX2__)
+  for (; i + 128 <= n; i += 128) {
+    __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i));
+    __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i + 32));
+    __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i + 64));
+    __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i + 96));
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i), a);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i + 32), b);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i + 64), c);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i + 96), d);
+  }
+#else
+  for (; i + 64 <= n; i += 64) {
+    __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+    __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i + 16));
+    __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i + 32));
+    __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(out + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(out + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(out + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(out + i + 48), d);
+  }
+#endif
+  if (i < n) std::memcpy(out + i, in + i, n - i);
+  // Streaming stores are weakly ordered, even against a later release store: without
+  // the fence the peer could see the slot published before its bytes arrive.
+  _mm_sfence();
+#else
+  copy_bytes(dst, src, n);
+#endif
 }
 
 }  // namespace ringtrain::comm

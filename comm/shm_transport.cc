@@ -14,6 +14,11 @@
 // sender fills slot k+1 while the receiver reduces slot k: that is the
 // pipelining of the ring, at slot granularity.
 //
+// The sender's copy uses non-temporal stores from 4 KiB (ShmLayout::streaming_stores):
+// the slot's lines go to memory rather than staying dirty in the sender's cache, where
+// the receiver would have to fetch them from and the sender's next write into the slot
+// take them back; on the Zen 5 VM that made the slot stream 5x faster.
+//
 // Cost per byte: one copy in (sender) + one read by the receiver's sink; versus
 // TCP over loopback (copy to kernel, copy out of kernel, then the sink) it saves
 // a copy and two system calls per slot.
@@ -70,6 +75,7 @@ ShmLayout ShmLayout::from_env(int channels) {
   RT_CHECK(slots <= static_cast<size_t>(kMaxSlots), "RINGTRAIN_SHM_SLOTS=", slots,
            " is not in [1, ", kMaxSlots, "]; unset it or give one such as 8");
   layout.slots = static_cast<int>(slots);
+  layout.streaming_stores = env_size("RINGTRAIN_SHM_STREAMING_STORES", 1, 0, 1) == 1;
   RT_CHECK(channels >= 1, "shared-memory transport: ", channels, " local ranks");
   layout.channels = channels;
   // Within the caps a channel is at most 1 TiB, but the local rank count multiplies it.
@@ -103,7 +109,13 @@ class ShmTransport final : public Transport {
     while (sent < nbytes && head - tail < slots) {
       size_t n = std::min(layout_.slot_bytes, nbytes - sent);
       uint64_t slot = head % slots;
-      copy_bytes(out_slots_ + slot * layout_.slot_bytes, static_cast<const char*>(data) + sent, n);
+      char* into = out_slots_ + slot * layout_.slot_bytes;
+      const char* from = static_cast<const char*>(data) + sent;
+      if (layout_.streaming_stores && n >= ShmLayout::kStreamingMinBytes) {
+        copy_bytes_streaming(into, from, n);  // ends with an sfence: ordered before the head store
+      } else {
+        copy_bytes(into, from, n);
+      }
       slot_lengths(out_)[slot] = n;
       out_->head.store(++head, std::memory_order_release);
       sent += n;

@@ -69,9 +69,15 @@ struct ShmLayout {
   size_t slot_bytes = 128 << 10;  // multiple of 64 in [64, kMaxSlotBytes]; RINGTRAIN_SHM_SLOT_BYTES
   int slots = 8;                  // in [1, kMaxSlots]; RINGTRAIN_SHM_SLOTS
   int channels = 1;               // local ranks (one channel per local sender)
+  // Copies into a slot of at least kStreamingMinBytes use non-temporal stores
+  // (copy_bytes_streaming in reduce.h); RINGTRAIN_SHM_STREAMING_STORES=0 turns them off.
+  // Below 4 KiB they gained nothing in the probe and the data is better left in cache.
+  static constexpr size_t kStreamingMinBytes = 4096;
+  bool streaming_stores = true;
   size_t channel_bytes() const;
   size_t segment_bytes() const { return channel_bytes() * channels; }
-  // Reads RINGTRAIN_SHM_SLOT_BYTES and RINGTRAIN_SHM_SLOTS; throws naming the
+  // Reads RINGTRAIN_SHM_SLOT_BYTES, RINGTRAIN_SHM_SLOTS and RINGTRAIN_SHM_STREAMING_STORES
+  // (0 or 1; it changes no byte on the wire, so ranks may differ); throws naming the
   // variable and its allowed range when a value is outside it.
   static ShmLayout from_env(int channels);
 };

@@ -1,13 +1,17 @@
 // Single-process tests of the shared-memory pieces: the slot layout read from
-// RINGTRAIN_SHM_SLOT_BYTES / RINGTRAIN_SHM_SLOTS, and ShmSegment's cleanup.
+// RINGTRAIN_SHM_SLOT_BYTES / RINGTRAIN_SHM_SLOTS / RINGTRAIN_SHM_STREAMING_STORES, the
+// slot copy routines, and ShmSegment's cleanup.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
+#include <cstring>
 #include <string>
+#include <vector>
 
+#include "comm/reduce.h"
 #include "comm/shm_segment.h"
 #include "comm/transport.h"
 #include "comm/types.h"
@@ -21,6 +25,7 @@ class ShmLayoutEnv : public ::testing::Test {
   void TearDown() override {
     unsetenv("RINGTRAIN_SHM_SLOT_BYTES");
     unsetenv("RINGTRAIN_SHM_SLOTS");
+    unsetenv("RINGTRAIN_SHM_STREAMING_STORES");
   }
   static std::string error_of(int channels) {
     try {
@@ -43,6 +48,45 @@ TEST_F(ShmLayoutEnv, DefaultsAndValidValues) {
   EXPECT_EQ(layout.slot_bytes, 65536u);
   EXPECT_EQ(layout.slots, 1024);
   EXPECT_EQ(layout.segment_bytes(), 2 * (layout.channel_bytes()));
+}
+
+// Streaming (non-temporal) stores into the slots are on by default; 0 turns them off and
+// anything but 0 or 1 is named.
+TEST_F(ShmLayoutEnv, StreamingStoresAreOnByDefaultAndTheSwitchIsChecked) {
+  EXPECT_TRUE(ShmLayout::from_env(2).streaming_stores);
+  setenv("RINGTRAIN_SHM_STREAMING_STORES", "0", 1);
+  EXPECT_FALSE(ShmLayout::from_env(2).streaming_stores);
+  setenv("RINGTRAIN_SHM_STREAMING_STORES", "1", 1);
+  EXPECT_TRUE(ShmLayout::from_env(2).streaming_stores);
+  for (const char* bad : {"2", "yes"}) {
+    setenv("RINGTRAIN_SHM_STREAMING_STORES", bad, 1);
+    EXPECT_NE(error_of(2).find("RINGTRAIN_SHM_STREAMING_STORES"), std::string::npos) << error_of(2);
+  }
+}
+
+// Both slot copies must equal memcpy for every length and every alignment of either side:
+// the streaming one writes an unaligned head and the tail with ordinary stores and the
+// middle in 32-byte vectors, and must not touch a byte outside [dst, dst + n).
+TEST(SlotCopy, OrdinaryAndStreamingCopiesEqualMemcpyAtEveryAlignmentAndLength) {
+  std::vector<unsigned char> src(70000), dst(70200), want(70200);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 131 + 7);
+  std::vector<size_t> lengths;
+  for (size_t n = 0; n <= 300; ++n) lengths.push_back(n);
+  for (size_t n : {4095, 4096, 4097, 65536, 69931}) lengths.push_back(n);
+  for (auto copy : {&copy_bytes, &copy_bytes_streaming}) {
+    for (size_t n : lengths) {
+      for (size_t dst_offset : {0, 1, 7, 31, 32, 33, 63}) {
+        for (size_t src_offset : {0, 3}) {
+          std::fill(dst.begin(), dst.end(), 0xAB);
+          want = dst;
+          std::memcpy(want.data() + dst_offset, src.data() + src_offset, n);
+          copy(dst.data() + dst_offset, src.data() + src_offset, n);
+          ASSERT_EQ(dst, want) << (copy == &copy_bytes ? "copy_bytes" : "copy_bytes_streaming") << " n "
+                               << n << " dst offset " << dst_offset << " src offset " << src_offset;
+        }
+      }
+    }
+  }
 }
 
 // 4294967296 slots used to become 0 as an int: every send found no free slot and hung.
