@@ -166,34 +166,49 @@ const char* collective_op_name(CollectiveOp op) {
   return "?";
 }
 
-void copy_bytes(void* dst, const void* src, size_t n) {
-  char* out = static_cast<char*>(dst);
-  const char* in = static_cast<const char*>(src);
-  size_t i = 0;
+namespace {
+
+// The vector body of both copies: whole groups of four vectors (AVX2: 4 x 32 bytes, SSE2:
+// 4 x 16) from offset i while they fit; returns where it stopped. kStream: non-temporal
+// stores, which need `out + i` aligned to the vector size.
+template <bool kStream>
+size_t copy_vector_groups(char* out, const char* in, size_t i, size_t n) {
 #if defined(__AVX2__)
-  // four 32-byte vectors in flight per iteration
   for (; i + 128 <= n; i += 128) {
-    __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i));
-    __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i + 32));
-    __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i + 64));
-    __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i + 96));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), a);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i + 32), b);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i + 64), c);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i + 96), d);
+    __m256i v[4];
+    for (int k = 0; k < 4; ++k) v[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i + 32 * k));
+    for (int k = 0; k < 4; ++k) {
+      auto* to = reinterpret_cast<__m256i*>(out + i + 32 * k);
+      if constexpr (kStream) {
+        _mm256_stream_si256(to, v[k]);
+      } else {
+        _mm256_storeu_si256(to, v[k]);
+      }
+    }
   }
 #elif defined(__SSE2__)
   for (; i + 64 <= n; i += 64) {
-    __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
-    __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i + 16));
-    __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i + 32));
-    __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i + 48));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), a);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i + 16), b);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i + 32), c);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i + 48), d);
+    __m128i v[4];
+    for (int k = 0; k < 4; ++k) v[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i + 16 * k));
+    for (int k = 0; k < 4; ++k) {
+      auto* to = reinterpret_cast<__m128i*>(out + i + 16 * k);
+      if constexpr (kStream) {
+        _mm_stream_si128(to, v[k]);
+      } else {
+        _mm_storeu_si128(to, v[k]);
+      }
+    }
   }
 #endif
+  return i;
+}
+
+}  // namespace
+
+void copy_bytes(void* dst, const void* src, size_t n) {
+  char* out = static_cast<char*>(dst);
+  const char* in = static_cast<const char*>(src);
+  const size_t i = copy_vector_groups<false>(out, in, 0, n);
   // the tail (and everything on a CPU without the vector paths): a short memcpy
   if (i < n) std::memcpy(out + i, in + i, n - i);
 }
@@ -206,29 +221,7 @@ void copy_bytes_streaming(void* dst, const void* src, size_t n) {
   // 32-byte boundary, then whole vectors, then the tail.
   size_t i = std::min(n, (32 - reinterpret_cast<uintptr_t>(out) % 32) % 32);
   std::memcpy(out, in, i);
-#if defined(__AVX2__)
-  for (; i + 128 <= n; i += 128) {
-    __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i));
-    __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i + 32));
-    __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i + 64));
-    __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i + 96));
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i), a);
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i + 32), b);
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i + 64), c);
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i + 96), d);
-  }
-#else
-  for (; i + 64 <= n; i += 64) {
-    __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
-    __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i + 16));
-    __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i + 32));
-    __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(out + i), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(out + i + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(out + i + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(out + i + 48), d);
-  }
-#endif
+  i = copy_vector_groups<true>(out, in, i, n);
   if (i < n) std::memcpy(out + i, in + i, n - i);
   // Streaming stores are weakly ordered, even against a later release store: without
   // the fence the peer could see the slot published before its bytes arrive.

@@ -116,48 +116,32 @@ struct Avx2Tile {
   // c[0..6)[0..16) (+)= sum_p a[p][0..6) * b[p][0..16); a, b packed; acc: add into c.
   static void run(int64_t kc, const float* __restrict a, const float* __restrict b, float* c,
                   int64_t ldc, bool acc) {
-    __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps();
-    __m256 c11 = _mm256_setzero_ps(), c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
-    __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps(), c40 = _mm256_setzero_ps();
-    __m256 c41 = _mm256_setzero_ps(), c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
+    __m256 lo[kMR], hi[kMR];  // row i of the tile: columns 0..7 in lo[i], 8..15 in hi[i]
+#pragma GCC unroll 6
+    for (int i = 0; i < kMR; ++i) lo[i] = hi[i] = _mm256_setzero_ps();
 #pragma GCC unroll 4
     for (int64_t p = 0; p < kc; ++p) {
+      // One rank-1 update: row p of the B panel (2 vectors) times column p of the A panel.
       const __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
-      __m256 av = _mm256_broadcast_ss(a + 0);
-      c00 = _mm256_fmadd_ps(av, b0, c00);
-      c01 = _mm256_fmadd_ps(av, b1, c01);
-      av = _mm256_broadcast_ss(a + 1);
-      c10 = _mm256_fmadd_ps(av, b0, c10);
-      c11 = _mm256_fmadd_ps(av, b1, c11);
-      av = _mm256_broadcast_ss(a + 2);
-      c20 = _mm256_fmadd_ps(av, b0, c20);
-      c21 = _mm256_fmadd_ps(av, b1, c21);
-      av = _mm256_broadcast_ss(a + 3);
-      c30 = _mm256_fmadd_ps(av, b0, c30);
-      c31 = _mm256_fmadd_ps(av, b1, c31);
-      av = _mm256_broadcast_ss(a + 4);
-      c40 = _mm256_fmadd_ps(av, b0, c40);
-      c41 = _mm256_fmadd_ps(av, b1, c41);
-      av = _mm256_broadcast_ss(a + 5);
-      c50 = _mm256_fmadd_ps(av, b0, c50);
-      c51 = _mm256_fmadd_ps(av, b1, c51);
+#pragma GCC unroll 6
+      for (int i = 0; i < kMR; ++i) {
+        const __m256 av = _mm256_broadcast_ss(a + i);
+        lo[i] = _mm256_fmadd_ps(av, b0, lo[i]);
+        hi[i] = _mm256_fmadd_ps(av, b1, hi[i]);
+      }
       a += kMR;
       b += kNR;
     }
-    auto put = [acc](float* row, __m256 x0, __m256 x1) {
+#pragma GCC unroll 6
+    for (int i = 0; i < kMR; ++i) {
+      float* row = c + i * ldc;
       if (acc) {
-        x0 = _mm256_add_ps(x0, _mm256_loadu_ps(row));
-        x1 = _mm256_add_ps(x1, _mm256_loadu_ps(row + 8));
+        lo[i] = _mm256_add_ps(lo[i], _mm256_loadu_ps(row));
+        hi[i] = _mm256_add_ps(hi[i], _mm256_loadu_ps(row + 8));
       }
-      _mm256_storeu_ps(row, x0);
-      _mm256_storeu_ps(row + 8, x1);
-    };
-    put(c, c00, c01);
-    put(c + ldc, c10, c11);
-    put(c + 2 * ldc, c20, c21);
-    put(c + 3 * ldc, c30, c31);
-    put(c + 4 * ldc, c40, c41);
-    put(c + 5 * ldc, c50, c51);
+      _mm256_storeu_ps(row, lo[i]);
+      _mm256_storeu_ps(row + 8, hi[i]);
+    }
   }
 };
 
