@@ -93,7 +93,8 @@ void gemm(const MatRef<C>& a, const MatRef<C>& b, C* y) {
 #ifdef RINGTRAIN_PACKED_SGEMM
 // ---------------------------------------------------------------- packed SGEMM (AVX2 + FMA, AVX-512)
 //
-// Two micro-kernels share the loop nest below; the tile shape is the only difference.
+// Two micro-kernels share the loop nest below, both a RegisterTile (one code, instantiated
+// for 256- and 512-bit registers); the tile shape is the only difference.
 //   Avx2Tile   6 x 16: 12 ymm accumulators; per k step 2 loads of B, 6 broadcasts of A, 12 FMAs.
 //   Avx512Tile 8 x 32: 16 zmm accumulators; per k step 2 loads of B, 8 broadcasts of A, 16 FMAs,
 //              each FMA twice as wide. 8 rows divide the batch of 64 that DDP and the
@@ -107,83 +108,80 @@ void gemm(const MatRef<C>& a, const MatRef<C>& b, C* y) {
 constexpr int64_t kMC = 144;   // rows of A packed per block: 144 x 384 x 4 B = 216 KiB (L2)
 constexpr int64_t kNC = 4096;  // columns of B packed per block: 384 x 4096 x 4 B = 6 MiB (L3)
 
-struct Avx2Tile {
-  static constexpr int64_t kMR = 6;    // rows of a C tile (6 broadcasts of A per k step)
-  static constexpr int64_t kNR = 16;   // columns of a C tile (2 ymm vectors of B)
-  static constexpr int64_t kKC = 256;  // depth of one packed slice
-  static constexpr const char* kName = "avx2 6x16";
+// The vector operations a tile needs, for 256-bit (AVX2) and 512-bit (AVX-512) registers.
+struct Ymm {
+  using V = __m256;
+  static constexpr int64_t kWidth = 8;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V load(const float* p) { return _mm256_load_ps(p); }  // aligned: the packed B panel
+  static V loadu(const float* p) { return _mm256_loadu_ps(p); }
+  static V broadcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static V fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static void storeu(float* p, V v) { _mm256_storeu_ps(p, v); }
+};
+#ifdef RINGTRAIN_PACKED_SGEMM_AVX512
+struct Zmm {
+  using V = __m512;
+  static constexpr int64_t kWidth = 16;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V load(const float* p) { return _mm512_load_ps(p); }
+  static V loadu(const float* p) { return _mm512_loadu_ps(p); }
+  static V broadcast(const float* p) { return _mm512_set1_ps(*p); }  // folds into the FMA as {1to16}
+  static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static void storeu(float* p, V v) { _mm512_storeu_ps(p, v); }
+};
+#endif
 
-  // c[0..6)[0..16) (+)= sum_p a[p][0..6) * b[p][0..16); a, b packed; acc: add into c.
+// A kMR x (2 vectors) tile of C held in 2 kMR accumulator registers.
+template <typename Vec, int64_t MR, int64_t KC>
+struct RegisterTile {
+  using V = typename Vec::V;
+  static constexpr int64_t kMR = MR;                  // rows: kMR broadcasts of A per k step
+  static constexpr int64_t kNR = 2 * Vec::kWidth;     // columns: 2 vector loads of B per k step
+  static constexpr int64_t kKC = KC;                  // depth of one packed slice
+
+  // c[0..kMR)[0..kNR) (+)= sum_p a[p][0..kMR) * b[p][0..kNR); a, b packed; acc: add into c.
   static void run(int64_t kc, const float* __restrict a, const float* __restrict b, float* c,
                   int64_t ldc, bool acc) {
-    __m256 lo[kMR], hi[kMR];  // row i of the tile: columns 0..7 in lo[i], 8..15 in hi[i]
-#pragma GCC unroll 6
-    for (int i = 0; i < kMR; ++i) lo[i] = hi[i] = _mm256_setzero_ps();
+    V lo[kMR], hi[kMR];  // row i of the tile: its first vector of columns in lo[i], the second in hi[i]
+#pragma GCC unroll 8
+    for (int i = 0; i < kMR; ++i) lo[i] = hi[i] = Vec::zero();
 #pragma GCC unroll 4
     for (int64_t p = 0; p < kc; ++p) {
       // One rank-1 update: row p of the B panel (2 vectors) times column p of the A panel.
-      const __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
-#pragma GCC unroll 6
+      const V b0 = Vec::load(b), b1 = Vec::load(b + Vec::kWidth);
+#pragma GCC unroll 8
       for (int i = 0; i < kMR; ++i) {
-        const __m256 av = _mm256_broadcast_ss(a + i);
-        lo[i] = _mm256_fmadd_ps(av, b0, lo[i]);
-        hi[i] = _mm256_fmadd_ps(av, b1, hi[i]);
+        const V av = Vec::broadcast(a + i);
+        lo[i] = Vec::fmadd(av, b0, lo[i]);
+        hi[i] = Vec::fmadd(av, b1, hi[i]);
       }
       a += kMR;
       b += kNR;
     }
-#pragma GCC unroll 6
+#pragma GCC unroll 8
     for (int i = 0; i < kMR; ++i) {
       float* row = c + i * ldc;
       if (acc) {
-        lo[i] = _mm256_add_ps(lo[i], _mm256_loadu_ps(row));
-        hi[i] = _mm256_add_ps(hi[i], _mm256_loadu_ps(row + 8));
+        lo[i] = Vec::add(lo[i], Vec::loadu(row));
+        hi[i] = Vec::add(hi[i], Vec::loadu(row + Vec::kWidth));
       }
-      _mm256_storeu_ps(row, lo[i]);
-      _mm256_storeu_ps(row + 8, hi[i]);
+      Vec::storeu(row, lo[i]);
+      Vec::storeu(row + Vec::kWidth, hi[i]);
     }
   }
 };
 
+struct Avx2Tile : RegisterTile<Ymm, 6, 256> {  // B micro-panel 256 x 16 x 4 B = 16 KiB
+  static constexpr const char* kName = "avx2 6x16";
+};
 #ifdef RINGTRAIN_PACKED_SGEMM_AVX512
-struct Avx512Tile {
-  static constexpr int64_t kMR = 8;    // rows of a C tile (8 broadcasts of A per k step)
-  static constexpr int64_t kNR = 32;   // columns of a C tile (2 zmm vectors of B)
-  static constexpr int64_t kKC = 384;  // B micro-panel 384 x 32 x 4 B = 48 KiB
+struct Avx512Tile : RegisterTile<Zmm, 8, 384> {  // B micro-panel 384 x 32 x 4 B = 48 KiB
   static constexpr const char* kName = "avx512 8x32";
-
-  // c[0..8)[0..32) (+)= sum_p a[p][0..8) * b[p][0..32); a, b packed; acc: add into c.
-  static void run(int64_t kc, const float* __restrict a, const float* __restrict b, float* c,
-                  int64_t ldc, bool acc) {
-    __m512 lo[kMR], hi[kMR];  // row i of the tile: columns 0..15 in lo[i], 16..31 in hi[i]
-#pragma GCC unroll 8
-    for (int i = 0; i < kMR; ++i) lo[i] = hi[i] = _mm512_setzero_ps();
-#pragma GCC unroll 2
-    for (int64_t p = 0; p < kc; ++p) {
-      // One rank-1 update: row p of the B panel (2 vectors) times column p of the A panel.
-      const __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
-#pragma GCC unroll 8
-      for (int i = 0; i < kMR; ++i) {
-        const __m512 av = _mm512_set1_ps(a[i]);  // folds into the FMA as a {1to16} broadcast
-        lo[i] = _mm512_fmadd_ps(av, b0, lo[i]);
-        hi[i] = _mm512_fmadd_ps(av, b1, hi[i]);
-      }
-      a += kMR;
-      b += kNR;
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < kMR; ++i) {
-      float* row = c + i * ldc;
-      if (acc) {
-        lo[i] = _mm512_add_ps(lo[i], _mm512_loadu_ps(row));
-        hi[i] = _mm512_add_ps(hi[i], _mm512_loadu_ps(row + 16));
-      }
-      _mm512_storeu_ps(row, lo[i]);
-      _mm512_storeu_ps(row + 16, hi[i]);
-    }
-  }
 };
-#endif  // RINGTRAIN_PACKED_SGEMM_AVX512
+#endif
 
 // In-register transpose of eight 8-float rows: afterwards r[q] holds element q of every row.
 inline void transpose_8x8(__m256 r[8]) {
