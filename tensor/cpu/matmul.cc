@@ -90,6 +90,38 @@ void gemm(const MatRef<C>& a, const MatRef<C>& b, C* y) {
   }
 }
 
+// The f32 GEMM this process uses: the widest tile this build targets, unless
+// RINGTRAIN_CPU_GEMM names a narrower one (for comparing kernels, and so the AVX2 tile stays
+// tested on AVX-512 machines). Read once; a value this build cannot honour is an error in
+// every build, Eigen-only ones included, rather than silently ignored.
+enum class SgemmTile { kEigen, kAvx2, kAvx512 };
+
+SgemmTile chosen_tile() {
+  static const SgemmTile tile = [] {
+#if defined(RINGTRAIN_PACKED_SGEMM_AVX512)
+    const SgemmTile widest = SgemmTile::kAvx512;
+    const char* allowed = "avx2 or avx512";
+#elif defined(RINGTRAIN_PACKED_SGEMM)
+    const SgemmTile widest = SgemmTile::kAvx2;
+    const char* allowed = "avx2 (this build does not target AVX-512)";
+#else
+    const SgemmTile widest = SgemmTile::kEigen;
+    const char* allowed = nullptr;
+#endif
+    const char* env = std::getenv("RINGTRAIN_CPU_GEMM");
+    if (env == nullptr || *env == '\0') return widest;
+    const std::string v(env);
+    RT_CHECK(allowed != nullptr, "RINGTRAIN_CPU_GEMM=", v,
+             ": this build's f32 GEMM is Eigen's (the compiler targets no AVX2+FMA: build with "
+             "RINGTRAIN_NATIVE=ON on such a CPU); unset it");
+    if (v == "avx2") return SgemmTile::kAvx2;
+    RT_CHECK(v == "avx512" && widest == SgemmTile::kAvx512, "RINGTRAIN_CPU_GEMM=", v,
+             " is not a GEMM kernel of this build: use ", allowed, ", or unset it for the widest");
+    return SgemmTile::kAvx512;
+  }();
+  return tile;
+}
+
 #ifdef RINGTRAIN_PACKED_SGEMM
 // ---------------------------------------------------------------- packed SGEMM (AVX2 + FMA, AVX-512)
 //
@@ -105,8 +137,8 @@ void gemm(const MatRef<C>& a, const MatRef<C>& b, C* y) {
 // step (docs/mlp-benchmark.md, a Zen 5 core with a 48 KiB L1) kKC 384 beat 128, 192, 256 and
 // 512 by 3-15%; deeper slices also mean fewer passes that reload and add into C.
 
-constexpr int64_t kMC = 144;   // rows of A packed per block: 144 x 384 x 4 B = 216 KiB (L2)
-constexpr int64_t kNC = 4096;  // columns of B packed per block: 384 x 4096 x 4 B = 6 MiB (L3)
+constexpr int64_t kMC = 144;   // rows of A packed per block: 144 x kKC x 4 B = 216 or 144 KiB (L2)
+constexpr int64_t kNC = 4096;  // columns of B packed per block: kKC x 4096 x 4 B = 6 or 4 MiB (L3)
 
 // The vector operations a tile needs, for 256-bit (AVX2) and 512-bit (AVX-512) registers.
 struct Ymm {
@@ -127,7 +159,7 @@ struct Zmm {
   static V zero() { return _mm512_setzero_ps(); }
   static V load(const float* p) { return _mm512_load_ps(p); }
   static V loadu(const float* p) { return _mm512_loadu_ps(p); }
-  static V broadcast(const float* p) { return _mm512_set1_ps(*p); }  // folds into the FMA as {1to16}
+  static V broadcast(const float* p) { return _mm512_set1_ps(*p); }  // a vbroadcastss from memory
   static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static V add(V a, V b) { return _mm512_add_ps(a, b); }
   static void storeu(float* p, V v) { _mm512_storeu_ps(p, v); }
@@ -313,30 +345,6 @@ void packed_sgemm(int64_t m, int64_t n, int64_t k, const float* A, int64_t rsa, 
   }
 }
 
-// The tile the GEMM uses: the widest this build targets, unless RINGTRAIN_CPU_GEMM names a
-// narrower one (for comparing kernels, and so the AVX2 tile stays tested on AVX-512 machines).
-enum class SgemmTile { kAvx2, kAvx512 };
-
-SgemmTile chosen_tile() {
-  static const SgemmTile tile = [] {
-#ifdef RINGTRAIN_PACKED_SGEMM_AVX512
-    SgemmTile widest = SgemmTile::kAvx512;
-    const char* allowed = "avx2 or avx512";
-#else
-    SgemmTile widest = SgemmTile::kAvx2;
-    const char* allowed = "avx2 (this build does not target AVX-512)";
-#endif
-    const char* env = std::getenv("RINGTRAIN_CPU_GEMM");
-    if (env == nullptr || *env == '\0') return widest;
-    const std::string v(env);
-    if (v == "avx2") return SgemmTile::kAvx2;
-    RT_CHECK(v == "avx512" && widest == SgemmTile::kAvx512, "RINGTRAIN_CPU_GEMM=", v,
-             " is not a GEMM kernel of this build: use ", allowed, ", or unset it for the widest");
-    return SgemmTile::kAvx512;
-  }();
-  return tile;
-}
-
 void packed_sgemm(int64_t m, int64_t n, int64_t k, const float* A, int64_t rsa, int64_t csa,
                   const float* B, int64_t rsb, int64_t csb, float* C, int64_t ldc) {
 #ifdef RINGTRAIN_PACKED_SGEMM_AVX512
@@ -408,14 +416,15 @@ void batched_matmul_typed(const Tensor& a, const Tensor& b, const Tensor& out) {
 }  // namespace
 
 const char* sgemm_kernel_name() {
-#ifdef RINGTRAIN_PACKED_SGEMM
+  switch (chosen_tile()) {
 #ifdef RINGTRAIN_PACKED_SGEMM_AVX512
-  if (chosen_tile() == SgemmTile::kAvx512) return Avx512Tile::kName;
+    case SgemmTile::kAvx512: return Avx512Tile::kName;
 #endif
-  return Avx2Tile::kName;
-#else
-  return "eigen";
+#ifdef RINGTRAIN_PACKED_SGEMM
+    case SgemmTile::kAvx2: return Avx2Tile::kName;
 #endif
+    default: return "eigen";
+  }
 }
 
 void batched_matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
@@ -429,6 +438,7 @@ void batched_matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
   RT_CHECK(is_floating_point(a.dtype()), "matmul: floating-point dtypes only, got ", a.describe());
   RT_CHECK(out.is_contiguous(), "matmul (cpu kernel): output ", out.describe(), " must be contiguous");
   if (out.numel() == 0) return;
+  chosen_tile();  // a bad RINGTRAIN_CPU_GEMM fails here in every build, whatever the dtype
   dispatch_dtype(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     if constexpr (detail::kIsFloat<T>) batched_matmul_typed<T>(a, b, out);
