@@ -1,6 +1,8 @@
 // distributed_data_parallel.cc: construction checks, state broadcast, forward.
 #include "ddp/distributed_data_parallel.h"
 
+#include "autograd/graph.h"
+
 #include <sstream>
 
 #include "autograd/autograd.h"
@@ -69,7 +71,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   reducer_options.gradient_as_bucket_view = options_.gradient_as_bucket_view;
   reducer_options.symmetric_buckets = options_.symmetric_buckets;
   reducer_options.overlap = options_.overlap;
-  reducer_ = std::make_unique<Reducer>(std::move(params), std::move(names), group_, reducer_options);
+  reducer_ = std::make_shared<Reducer>(std::move(params), std::move(names), group_, reducer_options);
 }
 
 void DistributedDataParallel::verify_same_state() {
@@ -123,11 +125,16 @@ void DistributedDataParallel::broadcast_state(bool parameters, bool buffers) {
   auto send = [&](Tensor t) {
     if (t.numel() > 0) works.push_back(group_->broadcast(buffer_of(t), 0));
   };
+  std::vector<Tensor> written;
   if (parameters)
-    for (auto& p : module_->parameters()) send(p);
+    for (auto& p : module_->parameters()) written.push_back(p);
   if (buffers)
-    for (auto& b : module_->buffers()) send(b);
+    for (auto& b : module_->buffers()) written.push_back(b);
+  for (Tensor& t : written) send(t);
   for (auto& w : works) w.wait(group_->options().timeout);
+  // An in-place write like any other (on rank 0 too, so every rank counts alike): whoever
+  // copied these tensors before (MasterWeights' float32 masters) can tell they changed.
+  for (Tensor& t : written) t.bump_version();
 }
 
 // Buffers (BatchNorm's running statistics) are broadcast from rank 0 before a forward
@@ -142,23 +149,45 @@ void DistributedDataParallel::pre_forward() {
     broadcast_state(/*parameters=*/false, /*buffers=*/true);
 }
 
-void DistributedDataParallel::post_forward(const std::vector<Tensor>& outputs) {
+std::vector<Tensor> DistributedDataParallel::post_forward(const std::vector<Tensor>& outputs) {
   // With grad mode off there will be no backward to reduce for, and the reducer is left
   // alone: a no-grad forward between a forward and its backward (a teacher or EMA target
   // computed with the same model) must not turn that backward into a no_sync one, which
   // would skip its allreduces on every rank. PyTorch skips prepare_for_backward too.
+  // The same holds for a forward inside no_sync(): only a synced forward prepares the
+  // reducer, so a grad-enabled no_sync forward between a synced forward and its backward
+  // leaves that backward synced.
   bool will_backward = autograd::grad_enabled();
   sync_buffers_next_forward_ = sync_ && will_backward;
-  if (will_backward) reducer_->prepare_for_backward(outputs, sync_);
+  if (will_backward && sync_) reducer_->prepare_for_backward(outputs, true);
+  // Which forward a backward belongs to is known only when backward runs: each output
+  // passes through an identity node whose backward tells the reducer "synced" or
+  // "no_sync" before any gradient hook of that backward fires (every parameter's
+  // gradient reaches it through these outputs). So the backward of a no_sync forward
+  // stays local even when a synced forward was prepared after it or before it and never
+  // backpropagated (PyTorch's _DDPSink plays the same part).
+  std::vector<Tensor> marked = outputs;
+  if (will_backward) {
+    std::weak_ptr<Reducer> reducer = reducer_;
+    const bool synced = sync_;
+    for (Tensor& t : marked) {
+      if (!t.defined() || !autograd::requires_grad(t)) continue;
+      t = autograd::record("DDPForwardOutput", {t}, t, {},
+                           [reducer, synced](const Tensor& grad, autograd::BackwardContext&) {
+                             if (auto r = reducer.lock()) r->note_backward_of_forward(synced);
+                             return std::vector<Tensor>{grad};
+                           });
+    }
+  }
   reducer_->mutable_stats().forward_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - forward_start_).count();
+  return marked;
 }
 
 Tensor DistributedDataParallel::forward(const Tensor& input) {
   pre_forward();
   Tensor output = module_->forward(input);
-  post_forward({output});
-  return output;
+  return post_forward({output}).front();
 }
 
 }  // namespace ringtrain::ddp

@@ -45,9 +45,11 @@ class DistributedDataParallel {
   Tensor forward(const Tensor& input);
   Tensor operator()(const Tensor& input) { return forward(input); }
   // For modules with other signatures: run the module yourself between
-  // pre_forward() and post_forward(outputs).
+  // pre_forward() and post_forward(outputs), and use the tensors post_forward returns
+  // (the outputs, each behind an identity node that tells the reducer, when backward
+  // reaches it, whether this forward ran inside no_sync()).
   void pre_forward();
-  void post_forward(const std::vector<Tensor>& outputs);
+  std::vector<Tensor> post_forward(const std::vector<Tensor>& outputs);
 
   // Inside a NoSyncGuard's scope, backward only accumulates gradients locally; the
   // first backward after the scope reduces the accumulated sum (gradient
@@ -83,7 +85,7 @@ class DistributedDataParallel {
   std::shared_ptr<nn::Module> module_;          // the replica on this rank
   std::shared_ptr<comm::ProcessGroup> group_;   // the data-parallel group
   DdpOptions options_;
-  std::unique_ptr<Reducer> reducer_;            // buckets and hooks
+  std::shared_ptr<Reducer> reducer_;            // buckets and hooks (the output markers hold it weakly)
   bool sync_ = true;                            // false inside no_sync()
   // Whether the next forward broadcasts buffers: true at first, then whether the last
   // forward ran with grad mode on outside no_sync() (PyTorch's require_forward_param_sync).

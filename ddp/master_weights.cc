@@ -13,9 +13,29 @@ MasterWeights::MasterWeights(nn::Module& model) : model_params_(model.parameters
     autograd::set_requires_grad(master, true);
     masters_.push_back(master);
   }
+  note_versions();
+}
+
+void MasterWeights::note_versions() {
+  model_versions_.clear();
+  master_versions_.clear();
+  for (size_t i = 0; i < masters_.size(); ++i) {
+    model_versions_.push_back(model_params_[i].version());
+    master_versions_.push_back(masters_[i].version());
+  }
 }
 
 std::vector<Tensor> MasterWeights::copy_grads_to_masters() {
+  {
+    // A model parameter written since the masters last matched it, while its master was
+    // not: the master is stale (DDP's broadcast from rank 0 after these masters were
+    // taken, a model-only checkpoint load); take it again before the optimizer uses it.
+    autograd::NoGradGuard no_grad;
+    for (size_t i = 0; i < masters_.size(); ++i)
+      if (model_params_[i].version() != model_versions_[i] && masters_[i].version() == master_versions_[i])
+        masters_[i].copy_(model_params_[i]);
+    note_versions();
+  }
   std::vector<Tensor> grads;
   for (size_t i = 0; i < masters_.size(); ++i) {
     Tensor g = autograd::grad(model_params_[i]);
@@ -33,11 +53,13 @@ std::vector<Tensor> MasterWeights::copy_grads_to_masters() {
 void MasterWeights::copy_model_to_masters() {
   autograd::NoGradGuard no_grad;
   for (size_t i = 0; i < masters_.size(); ++i) masters_[i].copy_(model_params_[i]);
+  note_versions();
 }
 
 void MasterWeights::copy_masters_to_model() {
   autograd::NoGradGuard no_grad;
   for (size_t i = 0; i < masters_.size(); ++i) model_params_[i].copy_(masters_[i]);
+  note_versions();
 }
 
 std::vector<std::pair<std::string, Tensor>> MasterWeights::checkpoint_tensors() const {

@@ -18,13 +18,19 @@
 //
 // The optimizer is built on masters.master_params(), never on the model.
 //
+// Order with DDP: either. The masters are snapshots, so one taken before DDP's
+// constructor broadcast rank 0's weights into the model would hold this rank's own
+// initial weights; copy_grads_to_masters() therefore first re-takes every master whose
+// model parameter was written since the masters last matched it (tensor version
+// counters: the broadcast, a checkpoint loaded into the model only, weights set by hand)
+// while the master itself was not (a checkpoint that also loaded the masters keeps them).
+//
 // Checkpoints: save_checkpoint saves the model (half) and the optimizer state (which
 // belongs to the masters); pass checkpoint_tensors() as the targets' extra_tensors
 // to save and load the masters too. Then a resumed O2 run continues bitwise like
 // the uninterrupted one. A checkpoint without them (or weights set by hand) needs
-// copy_model_to_masters() after loading: otherwise the masters still hold the
-// weights they were constructed from, and the next copy_masters_to_model() would
-// overwrite the loaded model with them; the run then resumes from its half
+// no call: the next copy_grads_to_masters() re-takes the masters from the loaded model
+// (as copy_model_to_masters() does at once); the run then resumes from its half
 // weights widened to float32, close to but not bitwise the uninterrupted run.
 #pragma once
 
@@ -43,7 +49,9 @@ class MasterWeights {
 
   // float32 leaves that require grad, one per model parameter, same order.
   const std::vector<Tensor>& master_params() const { return masters_; }
-  // Sets each master's .grad to its model parameter's gradient in float32 (undefined
+  // First re-takes any master whose model parameter was written since they last matched
+  // (see "Order with DDP" above). Then sets each master's .grad to its model parameter's
+  // gradient in float32 (undefined
   // when the model parameter has none) and returns them, for LossScaler::step. The
   // model's gradients are cleared (set to none): they moved to the masters, so the
   // recipe above needs no model->zero_grad() (micro-batches accumulate as usual before
@@ -59,8 +67,12 @@ class MasterWeights {
   std::vector<std::pair<std::string, Tensor>> checkpoint_tensors() const;
 
  private:
+  void note_versions();  // the model and the masters agree now
+
   std::vector<Tensor> model_params_;  // the model's own (half) parameters
   std::vector<Tensor> masters_;       // float32 copies the optimizer updates
+  // Version counters of each model parameter and master when they last agreed.
+  std::vector<uint64_t> model_versions_, master_versions_;
 };
 
 }  // namespace ringtrain::ddp

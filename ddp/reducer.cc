@@ -169,6 +169,31 @@ Tensor Reducer::allocate_bucket(int64_t numel, const Tensor& like, bool* symmetr
   return zeros({numel}, like.dtype(), like.device());
 }
 
+void Reducer::replace_spares_still_in_use() {
+  // Copying mode with symmetric buckets hands this step's buffer to .grad and takes the
+  // spare, which .grad viewed one step ago, for the next backward. Anyone still holding
+  // that older .grad (a list of past gradients, an optimizer that keeps the tensor) would
+  // see it overwritten, where PyTorch's copying mode never touches a .grad again: such a
+  // spare is replaced by a new buffer. A symmetric allocation is collective, so the ranks
+  // first agree on which spares to replace (one small allreduce per step; whether any
+  // bucket has a spare was settled collectively when the buckets were built).
+  std::vector<int32_t> busy;
+  bool any_spare = false;
+  for (const Bucket& bucket : buckets_) {
+    any_spare = any_spare || bucket.spare.defined();
+    // Only the bucket's own handle left: nobody else views the memory.
+    busy.push_back(bucket.spare.defined() && bucket.spare.storage().use_count() > 1 ? 1 : 0);
+  }
+  if (!any_spare) return;
+  group_->allreduce({busy.data(), busy.size(), DType::kInt32, Device::cpu()}, comm::ReduceOp::kMax)
+      .wait(group_->options().timeout);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (!busy[b]) continue;
+    bool symmetric = false;
+    buckets_[b].spare = allocate_bucket(buckets_[b].flat.numel(), buckets_[b].flat, &symmetric);
+  }
+}
+
 std::vector<std::vector<size_t>> Reducer::bucket_assignment() const {
   std::vector<std::vector<size_t>> out;
   for (const auto& b : buckets_) out.push_back(b.variable_indices);
@@ -209,6 +234,7 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
   for (auto& bucket : buckets_)
     if (bucket.launched) bucket.work.wait(group_->options().timeout);
   expect_hooks_ = sync;
+  backward_kind_ = BackwardKind::kUnknown;  // a backward that threw never reset it
   callback_queued_ = false;
   unused_to_mark_.clear();
   if (!sync) return;  // no_sync: gradients only accumulate locally in .grad
@@ -262,8 +288,18 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
   }
 }
 
+void Reducer::note_backward_of_forward(bool synced_forward) {
+  if (synced_forward) {
+    backward_kind_ = BackwardKind::kSynced;
+  } else if (backward_kind_ == BackwardKind::kUnknown) {
+    backward_kind_ = BackwardKind::kLocal;
+  }
+  // Forgotten when this backward ends, whichever way the next one goes.
+  autograd::queue_callback([this] { backward_kind_ = BackwardKind::kUnknown; });
+}
+
 void Reducer::on_gradient_ready(size_t index) {
-  if (!expect_hooks_) {
+  if (!expect_hooks_ || backward_kind_ == BackwardKind::kLocal) {
     // no_sync (or a backward DDP did not prepare): the gradient only accumulates in
     // .grad, but the parameter counts as used in the next synced step, which must
     // reduce that sum even if its own backward does not reach the parameter.
@@ -447,6 +483,7 @@ void Reducer::finalize_backward() {
     else if (!g.defined() || !g.is_same(view)) autograd::set_grad(params_[i], view);
   }
   if (!options_.gradient_as_bucket_view && !passthrough()) {
+    replace_spares_still_in_use();
     for (auto& bucket : buckets_) {
       if (bucket.spare.defined()) {
         std::swap(bucket.flat, bucket.spare);  // .grad now views the other one

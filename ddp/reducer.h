@@ -119,6 +119,11 @@ class Reducer {
   // outputs (used by find_unused_parameters). `sync` false (no_sync) means this
   // backward only accumulates into .grad locally.
   void prepare_for_backward(const std::vector<Tensor>& outputs, bool sync);
+  // Called by the backward of a DDP forward's outputs (DistributedDataParallel::post_forward),
+  // before any gradient hook of that backward: whether the forward ran synced or inside
+  // no_sync(). A backward through a no_sync forward's outputs only accumulates locally, even
+  // with a synced backward prepared; through both kinds at once, it is synced.
+  void note_backward_of_forward(bool synced_forward);
 
   void register_comm_hook(CommHook hook) {
     comm_hook_ = std::move(hook);
@@ -152,6 +157,7 @@ class Reducer {
   void finalize_backward();
   void maybe_rebuild_buckets();
   void offer_bucket_slots();  // bucket slots as autograd's gradient destinations
+  void replace_spares_still_in_use();  // a kept .grad must not be overwritten two steps later
   std::string unready_parameter_names() const;
 
   std::vector<Tensor> params_;                 // the model's parameters, registration order
@@ -170,6 +176,10 @@ class Reducer {
 
   // ---- per-backward state ----
   bool expect_hooks_ = false;            // a synced backward is pending (set by prepare)
+  // What the running backward went through, as the output markers reported it:
+  // kUnknown (no marker yet, or a backward that bypassed DDP's outputs), kLocal, kSynced.
+  enum class BackwardKind { kUnknown, kLocal, kSynced };
+  BackwardKind backward_kind_ = BackwardKind::kUnknown;
   bool callback_queued_ = false;         // finalize is queued for this backward
   size_t next_bucket_ = 0;               // the next bucket index allowed to launch
   std::vector<bool> ready_;              // param i marked ready this backward

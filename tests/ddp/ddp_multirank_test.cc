@@ -30,6 +30,7 @@
 #include "ddp/distributed_sampler.h"
 #include "ddp/hierarchical_allreduce.h"
 #include "ddp/loss_scaler.h"
+#include "ddp/master_weights.h"
 #include "ddp/timeline.h"
 #include "nn/layers.h"
 #include "nn/optim.h"
@@ -629,6 +630,117 @@ TEST(DdpMultiRank, ANoGradForwardBeforeTheBackwardKeepsItSynced) {
     expect_same_parameters(*model, *reference);
     if (::testing::Test::HasFailure()) return;
   }
+}
+
+// The same with grad mode on but inside no_sync(): that forward's outputs will never be
+// backpropagated, and it must not turn the pending backward into a local one (it did:
+// the replicas drifted apart by 0.05 in three steps, silently).
+TEST(DdpMultiRank, ANoSyncForwardBetweenAForwardAndItsBackwardKeepsItSynced) {
+  auto model = make_mlp(43 + g_world->rank());
+  auto reference = make_mlp(43);
+  DistributedDataParallel ddp(model, g_world);
+  nn::SGD opt(model->parameters(), nn::SGDOptions{.lr = 0.1});
+  nn::SGD opt_ref(reference->parameters(), nn::SGDOptions{.lr = 0.1});
+  for (int step = 0; step < 3; ++step) {
+    opt.zero_grad();
+    opt_ref.zero_grad();
+    Batch global = global_batch(step);
+    Batch local = rank_slice(global);
+    Tensor out = ddp(local.x);
+    {
+      auto guard = ddp.no_sync();
+      ddp(local.x);  // an auxiliary forward, never backpropagated
+    }
+    autograd::backward(ag::cross_entropy(out, local.y));
+    autograd::backward(ag::cross_entropy(reference->forward(global.x), global.y));
+    opt.step();
+    opt_ref.step();
+    expect_same_parameters(*model, *reference);  // no early return: a rank that left the
+                                                 // loop alone would strand its peers
+  }
+}
+
+// And the other way round: a synced forward that is never backpropagated (an evaluation
+// with grad mode on), on rank 0 only, then gradient accumulation. The no_sync
+// micro-batch's backward must stay local on every rank, or rank 0 alone would reduce it
+// and its collectives would pair with the peers' next ones.
+TEST(DdpMultiRank, ASyncedForwardWithoutBackwardOnOneRankLeavesNoSyncBackwardsLocal) {
+  auto model = make_mlp(47 + g_world->rank());
+  auto reference = make_mlp(47);
+  DistributedDataParallel ddp(model, g_world);
+  nn::SGD opt(model->parameters(), nn::SGDOptions{.lr = 0.1});
+  nn::SGD opt_ref(reference->parameters(), nn::SGDOptions{.lr = 0.1});
+  for (int step = 0; step < 3; ++step) {
+    opt.zero_grad();
+    opt_ref.zero_grad();
+    if (g_world->rank() == 0) ddp(rank_slice(global_batch(99)).x);  // grad on, no backward
+    for (int micro = 0; micro < 2; ++micro) {
+      Batch global = global_batch(step * 10 + micro);
+      Batch local = rank_slice(global);
+      if (micro == 0) {
+        auto guard = ddp.no_sync();
+        autograd::backward(ag::cross_entropy(ddp(local.x), local.y));
+      } else {
+        autograd::backward(ag::cross_entropy(ddp(local.x), local.y));
+      }
+      autograd::backward(ag::cross_entropy(reference->forward(global.x), global.y));
+    }
+    opt.step();
+    opt_ref.step();
+    expect_same_parameters(*model, *reference);  // no early return: a rank that left the
+                                                 // loop alone would strand its peers
+  }
+}
+
+// O2 with the masters taken before DDP's constructor broadcast rank 0's weights (apex's
+// order: amp.initialize, then DDP). The masters of ranks other than 0 held their own
+// initial weights and wrote them back at the first step: the replicas never agreed again.
+TEST(DdpMultiRank, MasterWeightsTakenBeforeDdpFollowRankZerosWeights) {
+  auto model = make_mlp(53 + g_world->rank());
+  auto reference = make_mlp(53);
+  MasterWeights masters(*model);  // before DDP: this rank's own initial weights
+  DistributedDataParallel ddp(model, g_world);
+  MasterWeights reference_masters(*reference);
+  nn::SGD opt(masters.master_params(), nn::SGDOptions{.lr = 0.1});
+  nn::SGD opt_ref(reference_masters.master_params(), nn::SGDOptions{.lr = 0.1});
+  for (int step = 0; step < 3; ++step) {
+    opt.zero_grad();
+    opt_ref.zero_grad();
+    Batch global = global_batch(step);
+    Batch local = rank_slice(global);
+    autograd::backward(ag::cross_entropy(ddp(local.x), local.y));
+    autograd::backward(ag::cross_entropy(reference->forward(global.x), global.y));
+    masters.copy_grads_to_masters();
+    reference_masters.copy_grads_to_masters();
+    opt.step();
+    opt_ref.step();
+    masters.copy_masters_to_model();
+    reference_masters.copy_masters_to_model();
+    expect_same_parameters(*model, *reference);  // no early return: a rank that left the
+                                                 // loop alone would strand its peers
+  }
+}
+
+// Copying mode (the default) over symmetric buckets hands a bucket's buffer to .grad and
+// reuses it two steps later: a .grad kept by the user past zero_grad() must not change
+// afterwards, as in PyTorch (it did, by 0.1, on the shared-memory ring).
+TEST(DdpMultiRank, AGradientKeptAcrossStepsIsNotOverwrittenLater) {
+  auto model = make_mlp(59);
+  DistributedDataParallel ddp(model, g_world);
+  nn::SGD opt(model->parameters(), nn::SGDOptions{.lr = 0.1});
+  std::vector<Tensor> kept;
+  std::vector<std::vector<float>> values;
+  for (int step = 0; step < 4; ++step) {
+    opt.zero_grad();  // set_to_none: the next backward makes new gradients
+    Batch local = rank_slice(global_batch(step));
+    autograd::backward(ag::cross_entropy(ddp(local.x), local.y));
+    opt.step();
+    Tensor g = autograd::grad(model->parameters().front());
+    kept.push_back(g);  // kept without a copy
+    values.push_back(g.to_vector<float>());
+  }
+  for (size_t s = 0; s < kept.size(); ++s)
+    EXPECT_EQ(kept[s].to_vector<float>(), values[s]) << "the gradient of step " << s << " changed afterwards";
 }
 
 TEST(DdpMultiRank, CompressionHooksStayCloseToTheExactAverage) {
