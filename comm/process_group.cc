@@ -259,7 +259,8 @@ Work ProcessGroup::enqueue(Collective c, Launch launch) {
   if (on_device) c.ready_event = record_stream_event(c.input.device.index);
   std::unique_lock<std::mutex> lock(queue_mutex_);
   RT_CHECK(!stopping_, name, ": the process group is shutting down");
-  c.seq = next_seq_++;
+  const bool p2p = c.op == CollectiveOp::kSend || c.op == CollectiveOp::kRecv;
+  c.seq = p2p ? next_p2p_seq_++ : next_seq_++;
   pending.collective = c;
   pending.state = std::make_shared<WorkState>(
       [c, backend = backend_name(), rank = context_.rank, size = context_.size] {

@@ -162,7 +162,10 @@ class ProcessGroup {
     ReduceOp reduce_op = ReduceOp::kSum;
     int peer = -1;     // root (broadcast, reduce), dst (send), src (recv)
     int tag = 0;
-    uint64_t seq = 0;  // position in this group's collective sequence
+    // Position in this group's sequence of collectives, which every rank issues alike
+    // (what debug mode compares), or, for send/recv, among this rank's point-to-point
+    // operations: those involve two ranks only, so they cannot share the numbering.
+    uint64_t seq = 0;
     // CUDA buffers: a cuda::Event recorded on the caller's stream after the work that
     // produces the input. A backend's own stream waits for it on the device
     // (stream_wait_event); host staging waits for it on the host first.
@@ -238,6 +241,7 @@ class ProcessGroup {
 
   GroupContext context_;
   uint64_t next_seq_ = 0;            // next collective's sequence number (caller side)
+  uint64_t next_p2p_seq_ = 0;        // next send/recv's number (its own count: see Collective::seq)
   int64_t last_checked_seq_ = -1;    // debug mode: the previous collective this rank checked
   uint64_t split_count_ = 0;         // splits made so far (store keys)
   std::atomic<bool> failed_{false};

@@ -2,7 +2,10 @@
 // tests driven by run_workers.sh (which starts the ranks by hand, so that no
 // launcher kills the survivors before they report).
 //
-//   comm_worker --mode check      init, allreduce + sub-group check, print "ok"
+//   comm_worker --mode check      init, send/recv between ranks 0 and 1 only, allreduce +
+//                                 sub-group check, print "ok" (with RINGTRAIN_DEBUG_COLLECTIVES=1:
+//                                 the point-to-point pair must not throw the ranks' collective
+//                                 numbering out of step)
 //   comm_worker --mode kill       rank --victim SIGKILLs itself in the middle of a 16 MiB allreduce
 //                                 (--symmetric: of a symmetric buffer, the direct path;
 //                                 --blocking: launched Launch::kBlocking, so it runs on
@@ -66,6 +69,15 @@ int main(int argc, char** argv) {
   const int n = pg->size();
 
   if (mode == "check") {
+    if (n >= 2 && rank <= 1) {
+      int32_t token = rank == 0 ? 42 : 0;
+      if (rank == 0) pg->send({&token, 1, DType::kInt32}, 1).wait();
+      if (rank == 1) pg->recv({&token, 1, DType::kInt32}, 0).wait();
+      if (token != 42) {
+        std::cerr << "rank " << rank << ": recv got " << token << " (want 42)\n";
+        return 1;
+      }
+    }
     std::vector<float> data(100003, static_cast<float>(rank + 1));
     pg->allreduce({data.data(), data.size(), DType::kFloat32}).wait();
     auto sub = pg->split(rank % 2, rank);
