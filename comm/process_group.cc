@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <future>
 #include <optional>
 #include <thread>
 
@@ -598,12 +599,25 @@ std::exception_ptr ProcessGroup::explain_failure(std::exception_ptr error,
 
 void ProcessGroup::abort(const std::string& reason) {
   std::string message = detail::concat("rank ", context_.world_rank(), " aborted: ", reason);
-  publish_error("exception", message, -1);
   {
     std::lock_guard<std::mutex> lock(queue_mutex_);
     if (!failed_) failure_ = std::make_exception_ptr(CommError(message));
     failed_ = true;
   }
+  // The reason goes to the store before the transports close, so that the peers, which
+  // notice the closed connections at once, find it there. But with a bound: a watchdog
+  // aborts when something is stuck, possibly rank 0 itself, and a store request to a
+  // rank 0 that no longer answers would wait out the store's I/O timeout (a minute)
+  // while the collective in flight went on. The publication runs on a thread of its own
+  // (holding the store), gets kAbortPublishGrace, and is left to finish after that.
+  auto published = std::make_shared<std::promise<void>>();
+  std::future<void> done = published->get_future();
+  std::thread([store = context_.store, rank = context_.world_rank(), prefix = context_.prefix, message,
+               published] {
+    publish_rank_error(*store, rank, "exception", message, -1, prefix);
+    published->set_value();
+  }).detach();
+  done.wait_for(kAbortPublishGrace);
   close_transports();
 }
 

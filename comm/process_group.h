@@ -149,8 +149,10 @@ class ProcessGroup {
   virtual std::shared_ptr<SymmetricBuffer> allocate_symmetric(size_t /*bytes*/) { return nullptr; }
 
   // Fails this group on purpose (e.g. the caller caught an exception it cannot
-  // recover from): publishes `reason` so the peers fail with it, not a timeout.
+  // recover from): publishes `reason` so the peers fail with it, not a timeout. Returns
+  // within kAbortPublishGrace even when the store (rank 0) does not answer.
   void abort(const std::string& reason);
+  static constexpr std::chrono::seconds kAbortPublishGrace{2};
   bool failed() const { return failed_.load(); }
 
  protected:

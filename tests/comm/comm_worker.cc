@@ -26,8 +26,12 @@
 //   comm_worker --mode sub_mismatch   split by rank % 2; in the odd group the last rank
 //                                 broadcasts where the others allreduce (debug mode); the
 //                                 odd ranks print their error and every rank exits 0
+//   comm_worker --mode abort_stuck_store   (2 ranks) rank 1 SIGSTOPs rank 0, which runs the
+//                                 store, calls abort() and times it: it must return within
+//                                 seconds, not after the store's one-minute I/O timeout
 // Survivors print "rank R failed after X ms: <error>" and exit 3.
 #include <signal.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -55,7 +59,7 @@ int main(int argc, char** argv) {
   app.add_flag("--blocking", blocking, "kill/throw/mismatch: launch the allreduces Launch::kBlocking");
   app.add_option("--mode", mode)->check(CLI::IsMember(
       {"check", "kill", "throw", "abort", "mismatch", "kill_before", "stall", "split_dead",
-       "sub_mismatch"}));
+       "sub_mismatch", "abort_stuck_store"}));
   app.add_option("--backend", backend);
   app.add_option("--init", init_method);
   app.add_option("--victim", victim);
@@ -112,6 +116,29 @@ int main(int argc, char** argv) {
     std::cerr << "rank " << rank << " failed after " << ms.count() << " ms: " << e.what() << std::endl;
     return 3;
   };
+  if (mode == "abort_stuck_store") {
+    if (rank == 0) pg->store().set("test/pid0", std::to_string(getpid()));
+    pg->barrier().wait();
+    if (rank == 1) {
+      const pid_t pid0 = std::stoi(pg->store().get("test/pid0", std::chrono::seconds(10)));
+      kill(pid0, SIGSTOP);
+      const auto t0 = std::chrono::steady_clock::now();
+      pg->abort("injected: rank 0 stopped answering");
+      const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      kill(pid0, SIGCONT);
+      std::cout << "rank 1 abort() returned after " << took << " s" << std::endl;
+      return took < 10 ? 0 : 1;
+    }
+    if (rank == 0) {
+      try {
+        std::vector<float> x(16, 1.0f);
+        pg->allreduce({x.data(), x.size(), DType::kFloat32}).wait();
+      } catch (const std::exception& e) {
+        std::cout << "rank 0 saw: " << e.what() << std::endl;
+      }
+    }
+    return 0;
+  }
   if (mode == "split_dead") {
     pg->barrier().wait();
     if (rank == victim) raise(SIGKILL);
