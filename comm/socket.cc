@@ -11,8 +11,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 namespace ringtrain::comm {
@@ -26,20 +28,29 @@ int millis_until(Deadline deadline) {
 namespace {
 
 // Resolves host (a name or dotted address) to an IPv4 sockaddr.
-sockaddr_in resolve(const std::string& host, int port) {
+// The IPv4 address of `host`, or nullopt with the resolver's reason in *error.
+std::optional<sockaddr_in> try_resolve(const std::string& host, int port, std::string* error) {
   addrinfo hints{};
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* result = nullptr;
   int rc = getaddrinfo(host.c_str(), nullptr, &hints, &result);
   if (rc != 0 || result == nullptr) {
-    throw CommError(detail::concat("cannot resolve host '", host, "': ", gai_strerror(rc),
-                                   " (check MASTER_ADDR / the node list)"));
+    *error = detail::concat("cannot resolve host '", host, "': ", gai_strerror(rc),
+                            " (check MASTER_ADDR / the node list)");
+    return std::nullopt;
   }
   sockaddr_in addr = *reinterpret_cast<sockaddr_in*>(result->ai_addr);
   freeaddrinfo(result);
   addr.sin_port = htons(static_cast<uint16_t>(port));
   return addr;
+}
+
+sockaddr_in resolve(const std::string& host, int port) {
+  std::string error;
+  std::optional<sockaddr_in> addr = try_resolve(host, port, &error);
+  if (!addr) throw CommError(error);
+  return *addr;
 }
 
 // Waits until fd is ready for `events` or the deadline passes. Returns revents (0 on timeout).
@@ -105,10 +116,26 @@ Socket Socket::listen(const std::string& host, int port, const std::string& port
 }
 
 Socket Socket::connect(const std::string& host, int port, Deadline deadline) {
-  sockaddr_in addr = resolve(host, port);
   std::string last_error = "timed out";
   auto backoff = std::chrono::milliseconds(5);
+  bool said_unresolved = false;
   while (true) {
+    // Resolved on every attempt: the master's name may not exist yet when this rank
+    // starts (a Kubernetes pod whose DNS record appears with it), as TCPStore allows.
+    std::string resolve_error;
+    std::optional<sockaddr_in> resolved = try_resolve(host, port, &resolve_error);
+    if (!resolved) {
+      if (!said_unresolved) {
+        std::fprintf(stderr, "ringtrain: %s; retrying until the deadline (%d s)\n", resolve_error.c_str(),
+                     std::max(0, millis_until(deadline) / 1000));
+        said_unresolved = true;
+      }
+      if (Clock::now() + backoff >= deadline) throw CommTimeoutError(resolve_error);
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
+      continue;
+    }
+    sockaddr_in addr = *resolved;
     int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     SYS_CHECK(fd);
     Socket sock(fd);

@@ -265,6 +265,22 @@ TEST(Socket, ConnectToAHostThatDropsSynsEndsAtTheDeadline) {
   ::close(listener);
 }
 
+// A master name that does not resolve yet (a pod whose DNS record appears with it) is
+// retried until the deadline, as torch's TCPStore does; it used to fail at once.
+TEST(Socket, AHostNameThatDoesNotResolveIsRetriedUntilTheDeadline) {
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    Socket::connect("master-0.not-yet.invalid", 29999, std::chrono::steady_clock::now() + 1500ms);
+    ADD_FAILURE() << "connected to a name that cannot resolve";
+  } catch (const CommTimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot resolve host 'master-0.not-yet.invalid'"), std::string::npos)
+        << e.what();
+  }
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GT(waited, 1.2) << "gave up before the deadline";
+  EXPECT_LT(waited, 5.0) << "ignored the deadline";
+}
+
 // Debug mode publishes every collective's signature in the store; a key is removed once
 // every rank has moved past it, so a long run keeps two per rank, not one per collective.
 TEST(DebugMode, SignaturesOfCheckedCollectivesAreRemovedFromTheStore) {
