@@ -19,7 +19,8 @@ constexpr auto kIoTimeout = std::chrono::seconds(60);
 // What a connection that has not yet shown the job's token may cost the server: its
 // hello must come within kHelloTimeout and fit in kMaxHelloBytes (a real hello is
 // under 100 bytes), so a stray cannot make rank 0 allocate 64 MiB or hold a
-// descriptor and a thread forever by saying nothing.
+// descriptor and a thread forever by saying nothing. A client waits as long for the
+// answer to its own hello.
 constexpr auto kHelloTimeout = std::chrono::seconds(10);
 constexpr size_t kMaxHelloBytes = 4096;
 // How long the accept loop pauses when the process is out of descriptors.
@@ -264,13 +265,27 @@ Store::Store(const std::string& host, int port, const std::string& token,
     : host_(host), port_(port) {
   Deadline deadline = Clock::now() + connect_timeout;
   socket_ = Socket::connect(host, port, deadline);
-  write_message(socket_, json{{"op", "hello"}, {"token", token}}, deadline);
+  // A store answers the hello at once; whatever else holds the port (another service, a
+  // stale process) may say nothing, or something that is not a store message. Either way
+  // the error names the store and the likely cause, not just "timed out receiving", and
+  // comes within kHelloTimeout, not at the end of the whole rendezvous.
+  const Deadline hello_deadline = std::min(deadline, Clock::now() + kHelloTimeout);
+  auto not_a_store = [&](const std::string& what) {
+    return detail::concat("store at ", host, ":", port, " ", what,
+                          ": is MASTER_ADDR:MASTER_PORT this job's rank 0? Another service (or a process "
+                          "of an earlier job) may hold the port");
+  };
   json reply;
   try {
-    reply = read_message(socket_, deadline);
+    write_message(socket_, json{{"op", "hello"}, {"token", token}}, hello_deadline);
+    reply = read_message(socket_, hello_deadline);
   } catch (const SocketClosed&) {
-    throw CommError(detail::concat("store at ", host, ":", port,
-                                   " closed the connection during the handshake"));
+    throw CommError(not_a_store("closed the connection during the handshake"));
+  } catch (const CommTimeoutError& e) {
+    throw CommTimeoutError(not_a_store(detail::concat("did not answer the handshake within ",
+                                                      kHelloTimeout.count(), " s (", e.what(), ")")));
+  } catch (const std::exception& e) {
+    throw CommError(not_a_store(detail::concat("answered the handshake with something else (", e.what(), ")")));
   }
   if (!reply.value("ok", false)) {
     throw CommError(detail::concat("store at ", host, ":", port, " refused this rank: ",

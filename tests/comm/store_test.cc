@@ -281,6 +281,34 @@ TEST(Socket, AHostNameThatDoesNotResolveIsRetriedUntilTheDeadline) {
   EXPECT_LT(waited, 5.0) << "ignored the deadline";
 }
 
+// MASTER_PORT held by something that is not a store: a silent service, or one that talks
+// first (an SSH banner). The error names the store address and the likely cause; it used
+// to be a bare "timed out receiving" after the whole rendezvous timeout, or blame this
+// client for a "malformed" message.
+TEST(Store, APortHeldByAnotherServiceIsNamedAtTheHandshake) {
+  for (const std::string banner : {std::string(), std::string("SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n")}) {
+    SCOPED_TRACE(banner.empty() ? "silent service" : "banner");
+    Socket listener = Socket::listen("127.0.0.1", 0);
+    const int port = listener.local_port();
+    std::thread service([&] {
+      Socket client = listener.accept(std::chrono::steady_clock::now() + 10s);
+      if (!banner.empty()) client.send_all(banner.data(), banner.size(), std::chrono::steady_clock::now() + 5s);
+      std::this_thread::sleep_for(3s);  // holds the connection, says nothing more
+    });
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      Store store("127.0.0.1", port, "t", 2s);
+      ADD_FAILURE() << "a store client accepted a service that is not a store";
+    } catch (const CommError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("store at 127.0.0.1:" + std::to_string(port)), std::string::npos) << what;
+      EXPECT_NE(what.find("is MASTER_ADDR:MASTER_PORT this job's rank 0?"), std::string::npos) << what;
+    }
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0);
+    service.join();
+  }
+}
+
 // Debug mode publishes every collective's signature in the store; a key is removed once
 // every rank has moved past it, so a long run keeps two per rank, not one per collective.
 TEST(DebugMode, SignaturesOfCheckedCollectivesAreRemovedFromTheStore) {
