@@ -185,6 +185,18 @@ LaunchInfo parse_env_method(const EnvMap& env) {
   const std::string hint =
       "env:// expects the variables ringrun and torchrun set (MASTER_ADDR, MASTER_PORT, "
       "WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE); start the program with ringrun, or set them";
+  // torchrun's static rendezvous (and, in torch 2.x, c10d unless
+  // TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) serves its own TCPStore on MASTER_PORT and tells
+  // its workers to join that store as clients. Ours speaks another protocol and would find
+  // the port taken, with advice ("set MASTER_PORT to a free port") torchrun does not allow.
+  if (has(env, "TORCHELASTIC_USE_AGENT_STORE") && get(env, "TORCHELASTIC_USE_AGENT_STORE") == "True") {
+    throw CommError(
+        "env://: torchrun's agent already serves its own TCPStore on MASTER_ADDR:MASTER_PORT "
+        "(TORCHELASTIC_USE_AGENT_STORE=True), and ringtrain's store cannot share that port or speak "
+        "its protocol. Start the program with ringrun (the same --nproc-per-node, --nnodes, "
+        "--node-rank, --master-addr and --master-port), or use a torchrun setup whose agent leaves "
+        "MASTER_PORT free (torch 2.x: --rdzv-backend=c10d with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)");
+  }
   LaunchInfo info;
   info.method = "env";
   info.master_addr = require(env, "MASTER_ADDR", hint);

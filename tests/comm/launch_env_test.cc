@@ -62,6 +62,18 @@ TEST(EnvMethod, ReadsTorchrunVariables) {
   EXPECT_FALSE(info.token.empty());
 }
 
+// Under torchrun's agent store the port is torchrun's: named at once, with what to do,
+// instead of "port in use, set MASTER_PORT to a free port".
+TEST(EnvMethod, TorchrunsAgentStoreIsNamedNotMistakenForABusyPort) {
+  EnvMap env = torchrun_env();
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  const std::string error = error_of([&] { parse_env_method(env); });
+  EXPECT_NE(error.find("TORCHELASTIC_USE_AGENT_STORE=True"), std::string::npos) << error;
+  EXPECT_NE(error.find("ringrun"), std::string::npos) << error;
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "False";  // the agent left MASTER_PORT to the workers
+  EXPECT_EQ(parse_env_method(env).master_port, 29500);
+}
+
 TEST(EnvMethod, ErrorsNameTheVariable) {
   EnvMap env = torchrun_env();
   env.erase("MASTER_ADDR");
