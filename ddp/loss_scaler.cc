@@ -125,7 +125,8 @@ void LossScaler::load_state_dict(const nlohmann::json& state) {
                           "or start this run without resuming");
   RT_CHECK(scale > 0 && std::isfinite(scale), "LossScaler::load_state_dict: scale must be positive and "
                                               "finite, got ", scale);
-  RT_CHECK(growth_factor >= 1 && backoff_factor > 0 && backoff_factor <= 1 && growth_interval >= 1 &&
+  // The constructor's bounds: a factor of 1 would freeze the scale (review: accepted here before).
+  RT_CHECK(growth_factor > 1 && backoff_factor > 0 && backoff_factor < 1 && growth_interval >= 1 &&
                growth_tracker >= 0 && growth_tracker < growth_interval,
            "LossScaler::load_state_dict: inconsistent state (growth_factor ", growth_factor,
            ", backoff_factor ", backoff_factor, ", growth_interval ", growth_interval, ", growth_tracker ",

@@ -139,6 +139,12 @@ TEST(LossScalerTest, StateDictRoundTripsAndRejectsGarbage) {
   EXPECT_EQ(b.state_dict(), a.state_dict());
   EXPECT_THROW(b.load_state_dict(nlohmann::json{{"scale", 2.0}}), Error);
   EXPECT_THROW(LossScaler(LossScalerOptions{.init_scale = 1, .growth_factor = 0.5}), Error);
+  // What the constructor refuses, loading refuses too: a factor of 1 freezes the scale.
+  for (const char* key : {"growth_factor", "backoff_factor"}) {
+    nlohmann::json state = a.state_dict();
+    state[key] = 1.0;
+    EXPECT_THROW(b.load_state_dict(state), Error) << key;
+  }
 }
 
 // The constructor (the run's precision) decides whether scaling is on, not the checkpoint:
