@@ -317,17 +317,24 @@ void Reducer::on_gradient_ready(size_t index) {
     unused_to_mark_.clear();
   }
   if (ready_[index]) {
+    // This rank cannot go on with this backward, and its peers would wait in the bucket's
+    // allreduce until the timeout: the group is aborted with the reason, so they fail with
+    // it at once (as for a throwing comm hook).
+    auto fail = [&](const std::string& message) {
+      if (group_->size() > 1) group_->abort(message);
+      throw Error(message);
+    };
     if (!marked_unused_[index]) {
-      throw Error(detail::concat("DDP: parameter '", names_[index], "' received a gradient twice in one "
-                                 "backward pass (is backward run twice per forward?)"));
+      fail(detail::concat("DDP: parameter '", names_[index], "' received a gradient twice in one "
+                          "backward pass (is backward run twice per forward?)"));
     }
     if (options_.static_graph) {
-      throw Error(detail::concat(
+      fail(detail::concat(
           "DDP: parameter '", names_[index], "' received a gradient, but it was unused on this rank in the "
           "first step and static_graph=true promised the same graph every step. Drop static_graph (use "
           "find_unused_parameters=true if the set of used parameters changes)."));
     }
-    throw Error(detail::concat(
+    fail(detail::concat(
         "DDP: parameter '", names_[index], "' received a gradient, but find_unused_parameters found it "
         "unreachable from the outputs of the DDP forward. Does the loss use it outside the module's "
         "forward (a weight penalty on module().parameters(), say)? Compute that inside forward."));

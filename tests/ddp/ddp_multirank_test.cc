@@ -537,6 +537,35 @@ TEST(DdpMultiRank, ACommHookThrowingOnOneRankFailsEveryRankWithItsMessage) {
   g_world->barrier().wait();
 }
 
+// A misuse found inside backward on one rank only (here a weight penalty outside forward
+// on a parameter find_unused_parameters found unreachable): that rank throws, and its
+// peers fail at once with its message instead of waiting in the bucket's allreduce until
+// the timeout.
+TEST(DdpMultiRank, AMisuseFoundInBackwardOnOneRankFailsEveryRankWithItsMessage) {
+  if (g_world->size() < 2) GTEST_SKIP() << "needs a second rank to wait for the failing one";
+  auto group = g_world->split(0, g_world->rank());
+  Generator gen(61);
+  auto model = nn::make<TwoBranch>(gen);
+  DdpOptions options;
+  options.find_unused_parameters = true;
+  DistributedDataParallel ddp(model, group, options);
+  Batch b = rank_slice(global_batch(0));
+  const bool fail_here = g_world->rank() == 1;
+  const auto start = std::chrono::steady_clock::now();
+  expect_error(
+      [&] {
+        Tensor loss = ag::cross_entropy(ddp(b.x), b.y);
+        if (fail_here) {
+          Tensor unused_weight = model->parameters()[2];  // unused.weight
+          loss = ag::add(loss, ag::sum(ag::mul(unused_weight, unused_weight)));
+        }
+        autograd::backward(loss);
+      },
+      {"DDP: parameter 'unused.weight' received a gradient, but find_unused_parameters found it unreachable"});
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
+  g_world->barrier().wait();
+}
+
 TEST(DdpMultiRank, NoSyncAccumulatesLocallyAndReducesTheSum) {
   auto model = make_mlp(19 + g_world->rank());
   auto reference = make_mlp(19);
