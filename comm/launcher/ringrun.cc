@@ -20,12 +20,29 @@
 // workers --signal-timeout seconds (30, SLURM's default KillWait) before SIGKILL,
 // time to write the checkpoint they write on SIGTERM.
 //
+// Leftovers: ringrun is a child subreaper (PR_SET_CHILD_SUBREAPER), so whatever a
+// worker started and left behind is reparented to ringrun and reaped by it. It
+// remembers every worker's process group: on a failure or a stop signal it signals
+// every group that still has members, the failed or finished worker's included, and
+// when the workers have all exited, it sends what is left in their groups (a
+// background child, a data-loader process) SIGTERM, then SIGKILL after
+// --stop-timeout, and exits only once those groups are empty, with the status
+// above. Nothing the workers started lives on in their process groups.
+//
+// Terminal: the workers are not in the terminal's foreground process group, so one
+// that reads the terminal would be stopped (SIGTTIN) for good. As under mpirun,
+// every worker but rank 0 reads /dev/null, and rank 0 reads ringrun's standard input
+// only when that is not a terminal (a pipe, a file), else /dev/null too. A worker
+// stopped by SIGTTIN or SIGTTOU all the same (it opened /dev/tty) is reported by
+// rank and counts as failed (status 128 + the signal), instead of a silent hang.
+//
 // Arguments: ringrun's options come first; the first argument that is not one of
 // them is the program, and everything after it is the program's. An argument that
 // starts with '-' where the program name should be is an unknown option, an error
 // (torchrun's underscore spellings get the dashed one suggested); after "--" any
 // argument is the program's: ringrun --nproc-per-node 2 -- ./train --epochs 3.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -34,6 +51,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -47,7 +65,9 @@ namespace {
 struct Worker {
   pid_t pid = -1;
   int rank = 0;
-  bool running = false;
+  bool running = false;    // not reaped yet
+  pid_t pgid = -1;         // its process group (led by it), which outlives it while members remain
+  bool group_live = false; // the group may still have members; false once kill(-pgid, 0) says ESRCH
 };
 
 std::string random_token() {
@@ -134,7 +154,8 @@ int main(int argc, char** argv) {
                  "token every rank presents to the store (default: random on one node, derived from "
                  "the master address on several; RINGTRAIN_JOB_TOKEN also works)");
   app.add_option("--stop-timeout", stop_timeout,
-                 "seconds between SIGTERM and SIGKILL when stopping the other workers")
+                 "seconds between SIGTERM and SIGKILL when stopping the other workers after a failure, "
+                 "or what the workers left running after they exited")
       ->check(CLI::Range(0.0, 86400.0))->capture_default_str();
   app.add_option("--signal-timeout", signal_timeout,
                  "seconds between a SIGINT/SIGTERM/SIGHUP/SIGQUIT from outside (forwarded to the workers) "
@@ -142,7 +163,14 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 86400.0))->capture_default_str();
   app.prefix_command();  // everything from the program name on belongs to the worker
   app.footer("Usage: ringrun [options] [--] program args... (after the program name, or after --, options "
-             "belong to the program)\nExample: ringrun --nproc-per-node 2 ./build/bench/comm_sweep --backend ring");
+             "belong to the program)\n"
+             "Standard input: rank 0 reads ringrun's standard input when it is a pipe or a file; every other "
+             "rank, and rank 0 when it is a terminal, reads /dev/null (as under mpirun: a worker runs in its own "
+             "process group and would be stopped by SIGTTIN at its first read of the terminal; one stopped by "
+             "SIGTTIN or SIGTTOU anyway counts as failed).\n"
+             "When the workers exit, or one fails, whatever they left running in their process groups gets "
+             "SIGTERM, then SIGKILL after --stop-timeout.\n"
+             "Example: ringrun --nproc-per-node 2 ./build/bench/comm_sweep --backend ring");
   CLI11_PARSE(app, argc, argv);
 
   std::vector<std::string> command = app.remaining();
@@ -184,6 +212,27 @@ int main(int argc, char** argv) {
   sigset_t previous;
   sigprocmask(SIG_BLOCK, &handled, &previous);
 
+  // What a worker leaves behind when its parent dies (a shell's background job, a
+  // daemonized helper) is reparented to ringrun rather than to init, so that ringrun
+  // reaps it: the waitpid(-1) below collects those too.
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+
+  // The workers are not in the terminal's foreground process group: one that reads the
+  // terminal would be stopped by SIGTTIN. Like mpirun: only rank 0 reads ringrun's
+  // stdin, and only when it is not a terminal (a pipe, a file); the others read /dev/null
+  // (rank 0 too when ringrun's stdin is closed: a worker's first open() would get fd 0).
+  const bool rank0_keeps_stdin = fcntl(STDIN_FILENO, F_GETFD) != -1 && isatty(STDIN_FILENO) != 1;
+  int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (devnull >= 0 && devnull <= STDERR_FILENO) {
+    // fd 0-2 were closed: keep it there (a closed standard fd would be reused) and use a
+    // copy above them, so that dup2 onto fd 0 in a worker really clears close-on-exec.
+    devnull = fcntl(devnull, F_DUPFD_CLOEXEC, STDERR_FILENO + 1);
+  }
+  if (devnull < 0) {
+    std::cerr << "ringrun: cannot open /dev/null: " << std::strerror(errno) << "\n";
+    return 1;
+  }
+
   const pid_t ringrun_pid = getpid();
   std::vector<Worker> workers(nproc_per_node);
   for (int local = 0; local < nproc_per_node; ++local) {
@@ -191,7 +240,7 @@ int main(int argc, char** argv) {
     pid_t pid = fork();
     if (pid < 0) {
       std::perror("ringrun: fork");
-      for (auto& w : workers) if (w.running) kill(w.pid, SIGKILL);
+      for (auto& w : workers) if (w.running) kill(-w.pgid, SIGKILL);
       return 1;
     }
     if (pid == 0) {
@@ -201,6 +250,7 @@ int main(int argc, char** argv) {
       // before this call, so look whether the parent is still ringrun.
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != ringrun_pid) _exit(128 + SIGKILL);
+      if (rank != 0 || !rank0_keeps_stdin) dup2(devnull, STDIN_FILENO);
       sigprocmask(SIG_SETMASK, &previous, nullptr);
       setenv("MASTER_ADDR", master_addr.c_str(), 1);
       setenv("MASTER_PORT", std::to_string(master_port).c_str(), 1);
@@ -219,36 +269,113 @@ int main(int argc, char** argv) {
       _exit(127);
     }
     setpgid(pid, pid);  // also here: no race with the child's own setpgid
-    workers[local] = {pid, rank, true};
+    workers[local] = {pid, rank, true, pid, true};
   }
+  ::close(devnull);
 
+  using Clock = std::chrono::steady_clock;
+  auto after = [](double seconds) {
+    return Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  };
   int running = nproc_per_node;
   int exit_code = 0;
-  bool stopping = false;
-  auto kill_deadline = std::chrono::steady_clock::time_point::max();
+  bool stopping = false;   // TERM (or a stop signal) has gone to every group; SIGKILL at kill_deadline
+  auto kill_deadline = Clock::time_point::max();
+  bool killed = false;     // SIGKILL has gone to every group
+  Clock::time_point killed_at;
   // Each worker leads its own process group: signal the group, so that whatever the
-  // worker started (a shell's children, data-loader processes) gets it too.
-  auto stop_others = [&](int sig) {
-    for (auto& w : workers) if (w.running) kill(-w.pid, sig);
+  // worker started (a shell's children, data-loader processes) gets it too. The group
+  // outlives a worker that exits while its children still run, so every group that
+  // still has members is signalled, whether its worker is running or not (only those:
+  // a group found empty is never signalled again, its number may be reused).
+  auto group_has_members = [](Worker& w) {
+    if (w.group_live && kill(-w.pgid, 0) != 0 && errno == ESRCH) w.group_live = false;
+    return w.group_live;
   };
-  while (running > 0) {
+  auto signal_groups = [&](int sig, bool running_workers_only) {
+    for (auto& w : workers) {
+      if (running_workers_only && !w.running) continue;
+      if (group_has_members(w)) kill(-w.pgid, sig);
+    }
+  };
+  // SIGTERM, and SIGCONT after it, so that a stopped process acts on it.
+  auto stop_groups = [&](double timeout) {
+    signal_groups(SIGTERM, false);
+    signal_groups(SIGCONT, false);
+    stopping = true;
+    kill_deadline = after(timeout);
+  };
+  auto live_groups = [&] {
+    std::string ranks;
+    for (auto& w : workers) {
+      if (group_has_members(w)) ranks += (ranks.empty() ? "" : " ") + std::to_string(w.rank);
+    }
+    return ranks;
+  };
+  while (true) {
+    const std::string leftovers = running > 0 ? std::string() : live_groups();
+    if (running == 0) {
+      if (leftovers.empty()) break;
+      if (killed && Clock::now() >= killed_at + std::chrono::seconds(5)) {
+        std::cerr << "ringrun: processes in the process groups of rank(s) " << leftovers
+                  << " still exist 5 s after SIGKILL; exiting without them\n";
+        break;
+      }
+      if (!stopping) {
+        // The workers have all exited; what they left running in their process groups
+        // goes too, as under torchrun and mpirun.
+        std::cerr << "ringrun: the workers have exited; stopping the processes they left running "
+                     "(process groups of rank(s) " << leftovers << ")\n";
+        stop_groups(stop_timeout);
+      }
+    }
     timespec tick{0, 100 * 1000 * 1000};
     int sig = sigtimedwait(&handled, nullptr, &tick);
     if (sig > 0 && sig != SIGCHLD) {
       // forward: the workers decide what the signal means (checkpoint, requeue, stop)
-      stop_others(sig);
-      if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT) {
-        if (!stopping) kill_deadline = std::chrono::steady_clock::now() +
-                                       std::chrono::milliseconds(static_cast<int64_t>(signal_timeout * 1000));
+      const bool stop_signal = sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT;
+      // A stop signal goes to every group, leftovers of exited workers included, since
+      // ringrun is ending; SIGUSR1/2 only to the running workers'.
+      signal_groups(sig, !stop_signal);
+      if (stop_signal) {
+        signal_groups(SIGCONT, false);  // a stopped process acts on it only once continued (as scancel does)
+        if (!stopping) kill_deadline = after(signal_timeout);
         stopping = true;
-        if (exit_code == 0) exit_code = 128 + sig;
+        if (exit_code == 0 && running > 0) exit_code = 128 + sig;
       }
     }
     int status = 0;
     pid_t pid;
-    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+    // WUNTRACED: a stopped worker is reported too. Pids that are no worker's are what
+    // the workers left behind, reparented to ringrun (the subreaper): reaped, nothing more.
+    while ((pid = waitpid(-1, &status, WNOHANG | WUNTRACED)) > 0) {
       for (auto& w : workers) {
         if (w.pid != pid || !w.running) continue;
+        if (WIFSTOPPED(status)) {
+          const int stop_sig = WSTOPSIG(status);
+          if (stop_sig != SIGTTIN && stop_sig != SIGTTOU) {
+            // SIGSTOP or SIGTSTP from someone (kill -STOP, a debugger): deliberate, so wait.
+            std::cerr << "ringrun: worker rank " << w.rank << " (pid " << pid << ") was stopped by signal "
+                      << stop_sig << " (" << strsignal(stop_sig) << "); waiting until it is continued "
+                      << "(kill -CONT -" << w.pgid << ")\n";
+            continue;
+          }
+          // It tried to use the terminal, which only the foreground process group (ringrun's)
+          // may: it would stay stopped forever.
+          std::cerr << "ringrun: worker rank " << w.rank << " (pid " << pid << ") was stopped by signal "
+                    << stop_sig << " (" << strsignal(stop_sig) << "): it tried to "
+                    << (stop_sig == SIGTTIN ? "read from" : "write to or configure")
+                    << " the terminal, which workers cannot (they run in their own process groups; "
+                       "give input through a file or a pipe)";
+          if (!stopping) {
+            std::cerr << "; counting it as failed and stopping the workers\n";
+            exit_code = 128 + stop_sig;
+            stop_groups(stop_timeout);
+          } else {
+            std::cerr << "\n";
+          }
+          continue;
+        }
         w.running = false;
         --running;
         bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
@@ -256,19 +383,23 @@ int main(int argc, char** argv) {
           std::cerr << "ringrun: worker rank " << w.rank << " (pid " << pid << ") "
                     << describe_status(status) << "; stopping the other workers\n";
           exit_code = status_to_exit_code(status);
-          stopping = true;
-          stop_others(SIGTERM);
-          kill_deadline = std::chrono::steady_clock::now() +
-                          std::chrono::milliseconds(static_cast<int64_t>(stop_timeout * 1000));
+          stop_groups(stop_timeout);  // its own group too: what it started may outlive it
         }
       }
     }
-    if (stopping && running > 0 && std::chrono::steady_clock::now() >= kill_deadline) {
-      std::cerr << "ringrun: " << running << " worker(s) still running after the stop timeout"
-                << " (--stop-timeout " << stop_timeout << " s after a worker failed, --signal-timeout "
-                << signal_timeout << " s after a stop signal); sending SIGKILL\n";
-      stop_others(SIGKILL);
-      kill_deadline = std::chrono::steady_clock::time_point::max();
+    const std::string left = stopping && !killed && running == 0 ? live_groups() : std::string();
+    if (stopping && !killed && (running > 0 || !left.empty()) && Clock::now() >= kill_deadline) {
+      if (running > 0) {
+        std::cerr << "ringrun: " << running << " worker(s) still running after the stop timeout";
+      } else {
+        std::cerr << "ringrun: processes the workers started (process groups of rank(s) " << left
+                  << ") still running after the stop timeout";
+      }
+      std::cerr << " (--stop-timeout " << stop_timeout << " s after a worker failed or the workers exited, "
+                << "--signal-timeout " << signal_timeout << " s after a stop signal); sending SIGKILL\n";
+      signal_groups(SIGKILL, false);
+      killed = true;
+      killed_at = Clock::now();
     }
   }
   return exit_code;
