@@ -2,10 +2,10 @@
 // tests driven by run_workers.sh (which starts the ranks by hand, so that no
 // launcher kills the survivors before they report).
 //
-//   comm_worker --mode check      init, send/recv between ranks 0 and 1 only, allreduce +
-//                                 sub-group check, print "ok" (with RINGTRAIN_DEBUG_COLLECTIVES=1:
-//                                 the point-to-point pair must not throw the ranks' collective
-//                                 numbering out of step)
+//   comm_worker --mode check      init, allreduce + sub-group check, then a send/recv between
+//                                 ranks 0 and 1 only and one more allreduce, print "ok" (with
+//                                 RINGTRAIN_DEBUG_COLLECTIVES=1: the point-to-point pair must
+//                                 not throw the ranks' collective numbering out of step)
 //   comm_worker --mode kill       rank --victim SIGKILLs itself in the middle of a 16 MiB allreduce
 //                                 (--symmetric: of a symmetric buffer, the direct path;
 //                                 --blocking: launched Launch::kBlocking, so it runs on
@@ -73,6 +73,12 @@ int main(int argc, char** argv) {
   const int n = pg->size();
 
   if (mode == "check") {
+    std::vector<float> data(100003, static_cast<float>(rank + 1));
+    pg->allreduce({data.data(), data.size(), DType::kFloat32}).wait();
+    auto sub = pg->split(rank % 2, rank);
+    int32_t one = 1;
+    sub->allreduce({&one, 1, DType::kInt32}).wait();
+    // A send/recv between ranks 0 and 1 only, then one more collective of everyone.
     if (n >= 2 && rank <= 1) {
       int32_t token = rank == 0 ? 42 : 0;
       if (rank == 0) pg->send({&token, 1, DType::kInt32}, 1).wait();
@@ -82,11 +88,12 @@ int main(int argc, char** argv) {
         return 1;
       }
     }
-    std::vector<float> data(100003, static_cast<float>(rank + 1));
-    pg->allreduce({data.data(), data.size(), DType::kFloat32}).wait();
-    auto sub = pg->split(rank % 2, rank);
-    int32_t one = 1;
-    sub->allreduce({&one, 1, DType::kInt32}).wait();
+    int32_t count = 1;
+    pg->allreduce({&count, 1, DType::kInt32}).wait();
+    if (count != n) {
+      std::cerr << "rank " << rank << ": the allreduce after send/recv gave " << count << " (want " << n << ")\n";
+      return 1;
+    }
     const float want = static_cast<float>(n * (n + 1) / 2);
     if (data.front() != want || data.back() != want || one != sub->size()) {
       std::cerr << "rank " << rank << ": wrong result " << data.front() << " (want " << want << ")\n";
