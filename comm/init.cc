@@ -21,6 +21,10 @@ using nlohmann::json;
 namespace {
 
 LaunchInfo g_launch;
+// How many world groups this process has made so far (counted when one is made): a group
+// destroyed and made again in the same process (PyTorch's destroy_process_group +
+// init_process_group). A failed attempt does not count, so ranks that retry together agree.
+int g_init_generation = 0;
 
 // ---- publishing uncaught exceptions: the std::terminate handler
 std::weak_ptr<Store> g_store;
@@ -214,11 +218,30 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
     server = std::make_shared<StoreServer>("127.0.0.1", 0, info.token, "");
     store = std::make_shared<Store>("127.0.0.1", server->port(), info.token, timeout);
   } else {
+    // A group made again in the same process meets at the same MASTER_PORT, where rank 0's
+    // previous store may still be up (it waits for every rank to check out of the old
+    // group before it closes): its keys would send this rank to the old group's dead mesh.
+    // So each generation has its own token, the old store refuses the new hello, and the
+    // hello is retried until rank 0's new store answers (first generation: a refusal is
+    // another job's store, an error at once).
+    const int generation = g_init_generation;
+    if (generation > 0) info.token += detail::concat(":generation", generation);
     if (info.rank == 0) {
       const char* hint = info.method == "tcp" ? "the port of the tcp:// init method" : "MASTER_PORT";
       server = std::make_shared<StoreServer>("", info.master_port, info.token, hint);
     }
-    store = std::make_shared<Store>(info.master_addr, info.master_port, info.token, timeout);
+    const Deadline deadline = Clock::now() + timeout;
+    while (true) {
+      try {
+        store = std::make_shared<Store>(
+            info.master_addr, info.master_port, info.token,
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+        break;
+      } catch (const StoreRefusedError&) {
+        if (generation == 0 || Clock::now() + std::chrono::milliseconds(50) >= deadline) throw;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
   }
   g_launch = info;
 
@@ -250,6 +273,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
 
   g_store = store;
   g_world_rank = info.rank;
+  ++g_init_generation;
   static std::once_flag handler_once;
   std::call_once(handler_once, [] { g_previous_terminate = std::set_terminate(publish_then_terminate); });
   return group;

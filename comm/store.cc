@@ -288,7 +288,7 @@ Store::Store(const std::string& host, int port, const std::string& token,
     throw CommError(not_a_store(detail::concat("answered the handshake with something else (", e.what(), ")")));
   }
   if (!reply.value("ok", false)) {
-    throw CommError(detail::concat("store at ", host, ":", port, " refused this rank: ",
+    throw StoreRefusedError(detail::concat("store at ", host, ":", port, " refused this rank: ",
                                    reply.value("error", std::string("no reason given"))));
   }
 }

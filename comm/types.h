@@ -75,6 +75,13 @@ class PeerLostError : public CommError {
   int rank_;
 };
 
+// The store refused this client's hello (another job's token, or the previous group's
+// store still up while this process joins a new one: init_process_group retries then).
+class StoreRefusedError : public CommError {
+ public:
+  using CommError::CommError;
+};
+
 // A collective (or a wait on one) ran past its timeout.
 class CommTimeoutError : public CommError {
  public:

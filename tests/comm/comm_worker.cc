@@ -29,6 +29,9 @@
 //   comm_worker --mode abort_stuck_store   (2 ranks) rank 1 SIGSTOPs rank 0, which runs the
 //                                 store, calls abort() and times it: it must return within
 //                                 seconds, not after the store's one-minute I/O timeout
+//   comm_worker --mode reinit      the world group destroyed and made again twice in this
+//                                 process, an allreduce in each (destroy_process_group +
+//                                 init_process_group, as PyTorch test suites do)
 // Survivors print "rank R failed after X ms: <error>" and exit 3.
 #include <signal.h>
 #include <unistd.h>
@@ -59,7 +62,7 @@ int main(int argc, char** argv) {
   app.add_flag("--blocking", blocking, "kill/throw/mismatch: launch the allreduces Launch::kBlocking");
   app.add_option("--mode", mode)->check(CLI::IsMember(
       {"check", "kill", "throw", "abort", "mismatch", "kill_before", "stall", "split_dead",
-       "sub_mismatch", "abort_stuck_store"}));
+       "sub_mismatch", "abort_stuck_store", "reinit"}));
   app.add_option("--backend", backend);
   app.add_option("--init", init_method);
   app.add_option("--victim", victim);
@@ -123,6 +126,22 @@ int main(int argc, char** argv) {
     std::cerr << "rank " << rank << " failed after " << ms.count() << " ms: " << e.what() << std::endl;
     return 3;
   };
+  if (mode == "reinit") {
+    for (int round = 0; round < 3; ++round) {
+      if (round > 0) {
+        pg.reset();  // every rank checks out; rank 0's store closes once all have
+        pg = init_process_group(options);
+      }
+      int32_t one = 1;
+      pg->allreduce({&one, 1, DType::kInt32}).wait();
+      if (one != n) {
+        std::cerr << "rank " << rank << ": round " << round << " allreduce gave " << one << " (want " << n << ")\n";
+        return 1;
+      }
+    }
+    std::cout << "rank " << rank << ": 3 rounds ok" << std::endl;
+    return 0;
+  }
   if (mode == "abort_stuck_store") {
     if (rank == 0) pg->store().set("test/pid0", std::to_string(getpid()));
     pg->barrier().wait();

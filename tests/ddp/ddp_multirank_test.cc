@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <limits>
 
 #include <nlohmann/json.hpp>
@@ -633,18 +634,32 @@ TEST(DdpMultiRank, UnevenNumbersOfNoGradForwardsKeepCollectivesInStep) {
   }
 }
 
-// A no-grad forward between a forward and its backward (a teacher or EMA target computed
-// with the same model) leaves that backward synced. It used to turn it into a no_sync
-// backward: no allreduce on any rank, and the replicas drifted apart without an error.
-TEST(DdpMultiRank, ANoGradForwardBeforeTheBackwardKeepsItSynced) {
-  auto model = make_mlp(41 + g_world->rank());
-  auto reference = make_mlp(41);
+// Three SGD steps of a DDP model (built from seed + rank: DDP must make it rank 0's) against
+// one process on the global batch (built from seed). `step_body(ddp, reference, step)` runs
+// one step's forwards and backwards on both; the parameters must match after every step. No
+// early return on a mismatch: a rank that left the loop alone would strand its peers.
+void three_steps_against_one_process(
+    uint64_t seed, const std::function<void(DistributedDataParallel&, nn::Module&, int)>& step_body) {
+  auto model = make_mlp(seed + g_world->rank());
+  auto reference = make_mlp(seed);
   DistributedDataParallel ddp(model, g_world);
   nn::SGD opt(model->parameters(), nn::SGDOptions{.lr = 0.1});
   nn::SGD opt_ref(reference->parameters(), nn::SGDOptions{.lr = 0.1});
   for (int step = 0; step < 3; ++step) {
     opt.zero_grad();
     opt_ref.zero_grad();
+    step_body(ddp, *reference, step);
+    opt.step();
+    opt_ref.step();
+    expect_same_parameters(*model, *reference);
+  }
+}
+
+// A no-grad forward between a forward and its backward (a teacher or EMA target computed
+// with the same model) leaves that backward synced. It used to turn it into a no_sync
+// backward: no allreduce on any rank, and the replicas drifted apart without an error.
+TEST(DdpMultiRank, ANoGradForwardBeforeTheBackwardKeepsItSynced) {
+  three_steps_against_one_process(41, [](DistributedDataParallel& ddp, nn::Module& reference, int step) {
     Batch global = global_batch(step);
     Batch local = rank_slice(global);
     Tensor out = ddp(local.x);
@@ -653,26 +668,15 @@ TEST(DdpMultiRank, ANoGradForwardBeforeTheBackwardKeepsItSynced) {
       ddp(local.x);  // the "teacher" forward
     }
     autograd::backward(ag::cross_entropy(out, local.y));
-    autograd::backward(ag::cross_entropy(reference->forward(global.x), global.y));
-    opt.step();
-    opt_ref.step();
-    expect_same_parameters(*model, *reference);
-    if (::testing::Test::HasFailure()) return;
-  }
+    autograd::backward(ag::cross_entropy(reference.forward(global.x), global.y));
+  });
 }
 
 // The same with grad mode on but inside no_sync(): that forward's outputs will never be
 // backpropagated, and it must not turn the pending backward into a local one (it did:
 // the replicas drifted apart by 0.05 in three steps, silently).
 TEST(DdpMultiRank, ANoSyncForwardBetweenAForwardAndItsBackwardKeepsItSynced) {
-  auto model = make_mlp(43 + g_world->rank());
-  auto reference = make_mlp(43);
-  DistributedDataParallel ddp(model, g_world);
-  nn::SGD opt(model->parameters(), nn::SGDOptions{.lr = 0.1});
-  nn::SGD opt_ref(reference->parameters(), nn::SGDOptions{.lr = 0.1});
-  for (int step = 0; step < 3; ++step) {
-    opt.zero_grad();
-    opt_ref.zero_grad();
+  three_steps_against_one_process(43, [](DistributedDataParallel& ddp, nn::Module& reference, int step) {
     Batch global = global_batch(step);
     Batch local = rank_slice(global);
     Tensor out = ddp(local.x);
@@ -681,12 +685,8 @@ TEST(DdpMultiRank, ANoSyncForwardBetweenAForwardAndItsBackwardKeepsItSynced) {
       ddp(local.x);  // an auxiliary forward, never backpropagated
     }
     autograd::backward(ag::cross_entropy(out, local.y));
-    autograd::backward(ag::cross_entropy(reference->forward(global.x), global.y));
-    opt.step();
-    opt_ref.step();
-    expect_same_parameters(*model, *reference);  // no early return: a rank that left the
-                                                 // loop alone would strand its peers
-  }
+    autograd::backward(ag::cross_entropy(reference.forward(global.x), global.y));
+  });
 }
 
 // And the other way round: a synced forward that is never backpropagated (an evaluation
@@ -694,14 +694,7 @@ TEST(DdpMultiRank, ANoSyncForwardBetweenAForwardAndItsBackwardKeepsItSynced) {
 // micro-batch's backward must stay local on every rank, or rank 0 alone would reduce it
 // and its collectives would pair with the peers' next ones.
 TEST(DdpMultiRank, ASyncedForwardWithoutBackwardOnOneRankLeavesNoSyncBackwardsLocal) {
-  auto model = make_mlp(47 + g_world->rank());
-  auto reference = make_mlp(47);
-  DistributedDataParallel ddp(model, g_world);
-  nn::SGD opt(model->parameters(), nn::SGDOptions{.lr = 0.1});
-  nn::SGD opt_ref(reference->parameters(), nn::SGDOptions{.lr = 0.1});
-  for (int step = 0; step < 3; ++step) {
-    opt.zero_grad();
-    opt_ref.zero_grad();
+  three_steps_against_one_process(47, [](DistributedDataParallel& ddp, nn::Module& reference, int step) {
     if (g_world->rank() == 0) ddp(rank_slice(global_batch(99)).x);  // grad on, no backward
     for (int micro = 0; micro < 2; ++micro) {
       Batch global = global_batch(step * 10 + micro);
@@ -712,13 +705,9 @@ TEST(DdpMultiRank, ASyncedForwardWithoutBackwardOnOneRankLeavesNoSyncBackwardsLo
       } else {
         autograd::backward(ag::cross_entropy(ddp(local.x), local.y));
       }
-      autograd::backward(ag::cross_entropy(reference->forward(global.x), global.y));
+      autograd::backward(ag::cross_entropy(reference.forward(global.x), global.y));
     }
-    opt.step();
-    opt_ref.step();
-    expect_same_parameters(*model, *reference);  // no early return: a rank that left the
-                                                 // loop alone would strand its peers
-  }
+  });
 }
 
 // O2 with the masters taken before DDP's constructor broadcast rank 0's weights (apex's
