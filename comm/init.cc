@@ -221,9 +221,9 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
     // A group made again in the same process meets at the same MASTER_PORT, where rank 0's
     // previous store may still be up (it waits for every rank to check out of the old
     // group before it closes): its keys would send this rank to the old group's dead mesh.
-    // So each generation has its own token, the old store refuses the new hello, and the
-    // hello is retried until rank 0's new store answers (first generation: a refusal is
-    // another job's store, an error at once).
+    // So each generation has its own token, the old store refuses the new hello (or closes
+    // the connection as it shuts down), and the hello is retried until rank 0's new store
+    // answers (first generation: a refusal is another job's store, an error at once).
     const int generation = g_init_generation;
     if (generation > 0) info.token += detail::concat(":generation", generation);
     if (info.rank == 0) {
@@ -237,7 +237,9 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
             info.master_addr, info.master_port, info.token,
             std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
         break;
-      } catch (const StoreRefusedError&) {
+      } catch (const CommError&) {
+        // Later generations: the old store refusing this token, or closing the connection
+        // as it shuts down. Retried until the deadline, which then throws the last error.
         if (generation == 0 || Clock::now() + std::chrono::milliseconds(50) >= deadline) throw;
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
