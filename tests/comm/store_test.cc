@@ -219,8 +219,10 @@ TEST(Store, PausesWhenOutOfDescriptorsAndRecovers) {
   int status = 0;
   waitpid(pid, &status, 0);
   EXPECT_EQ(outcome, "ok");
-  // spinning for the 1.5 s the descriptors were exhausted would use about that much
-  EXPECT_LT(cpu_seconds, 0.5);
+  // Spinning for the 1.5 s the descriptors were exhausted would use about that much. Not
+  // spinning costs far less, but under ThreadSanitizer it came to 0.53 s once (0.5 was
+  // the bound): 1.0 leaves that room and still catches a spin.
+  EXPECT_LT(cpu_seconds, 1.0);
 }
 
 TEST(Store, PortInUseSaysWhichAndHowToFix) {
