@@ -234,6 +234,15 @@ inline void transpose_8x8(__m256 r[8]) {
   }
 }
 
+// dst[q * ld_dst + i] = src[i * ld_src + q] for an 8 x 8 block: both packings use it where
+// a panel row is a column of the operand.
+inline void copy_transposed_8x8(const float* src, int64_t ld_src, float* dst, int64_t ld_dst) {
+  __m256 r[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * ld_src);
+  transpose_8x8(r);
+  for (int q = 0; q < 8; ++q) _mm256_storeu_ps(dst + q * ld_dst, r[q]);
+}
+
 // A block [mc x kc] (element strides rs, cs) -> kMR-row panels, p-major, zero padded.
 template <int64_t kMR>
 void pack_a(int64_t mc, int64_t kc, const float* A, int64_t rs, int64_t cs, float* out) {
@@ -244,12 +253,8 @@ void pack_a(int64_t mc, int64_t kc, const float* A, int64_t rs, int64_t cs, floa
       // Row-major A (the activations in x @ W^T, the output gradient in g @ W): each panel
       // row is a column of A. Read 8 floats from each of 8 rows, transpose in registers.
       for (; p_done + 8 <= kc; p_done += 8) {
-        for (int64_t part = 0; part < kMR / 8; ++part) {
-          __m256 r[8];
-          for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(A + (i0 + part * 8 + i) * rs + p_done);
-          transpose_8x8(r);
-          for (int q = 0; q < 8; ++q) _mm256_storeu_ps(out + (p_done + q) * kMR + part * 8, r[q]);
-        }
+        for (int64_t part = 0; part < kMR / 8; ++part)
+          copy_transposed_8x8(A + (i0 + part * 8) * rs + p_done, rs, out + p_done * kMR + part * 8, kMR);
       }
     } else if (mr == kMR && rs == 1) {
       // Column-major A (g^T in the weight gradient g^T @ x): panel rows are contiguous.
@@ -276,12 +281,8 @@ void pack_b(int64_t kc, int64_t nc, const float* B, int64_t rs, int64_t cs, floa
       // row of W. Read 8 floats from each of 8 rows, transpose in registers, write 8
       // panel rows; a scalar gather here cost as much as a third of the GEMM.
       for (; p_done + 8 <= kc; p_done += 8) {
-        for (int64_t part = 0; part < kNR / 8; ++part) {
-          __m256 r[8];
-          for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(B + (j0 + part * 8 + i) * cs + p_done);
-          transpose_8x8(r);
-          for (int q = 0; q < 8; ++q) _mm256_storeu_ps(out + (p_done + q) * kNR + part * 8, r[q]);
-        }
+        for (int64_t part = 0; part < kNR / 8; ++part)
+          copy_transposed_8x8(B + (j0 + part * 8) * cs + p_done, cs, out + p_done * kNR + part * 8, kNR);
       }
     }
     for (int64_t p = p_done; p < kc; ++p) {
