@@ -270,6 +270,9 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
     // not just "rank R died".
     publish_rank_error(*store, info.rank, "exception",
                        detail::concat("rank ", info.rank, " could not join the group: ", e.what()));
+    // The store lives in this process on rank 0: ranks still waiting in setup would
+    // lose the reason (and see only "the store closed") if it went now.
+    if (server) wait_for_peers_to_publish(*store, info.world_size, info.rank, std::chrono::seconds(5));
     throw;
   }
 

@@ -76,11 +76,33 @@ std::string transport_settings(const std::string& transport, const ShmLayout& la
                         layout.slot_bytes, " RINGTRAIN_SHM_SLOTS=", layout.slots);
 }
 
+// How long one slice of a setup wait lasts before PeerMesh looks for a member's
+// published failure (a few store round trips per member).
+constexpr auto kSetupSlice = std::chrono::milliseconds(250);
+
+// Runs attempt(slice_deadline) in slices until it returns. A CommTimeoutError that
+// ends a slice before `deadline` means "not yet": check_members(what) then looks for
+// a member that published a failure (it throws if one did), and the next slice
+// starts. The last slice's CommTimeoutError propagates.
+template <typename Attempt>
+auto in_slices(Deadline deadline, const PeerMesh::MemberCheck& check_members, const std::string& what,
+               Attempt&& attempt) {
+  while (true) {
+    const Deadline slice = std::min(deadline, Clock::now() + kSetupSlice);
+    try {
+      return attempt(slice);
+    } catch (const CommTimeoutError&) {
+      if (slice >= deadline) throw;
+    }
+    check_members(what);
+  }
+}
+
 }  // namespace
 
 PeerMesh::PeerMesh(Store& store, const std::string& prefix, int rank, int size,
                    const std::vector<int>& world_ranks, const std::string& token,
-                   const std::string& transport, Deadline deadline)
+                   const std::string& transport, Deadline deadline, const MemberCheck& check_members)
     : rank_(rank), size_(size), peers_(size) {
   RT_CHECK(transport == "auto" || transport == "tcp" || transport == "shm",
            "ring transport '", transport, "' is not one of auto, tcp, shm (RINGTRAIN_TRANSPORT)");
@@ -103,8 +125,12 @@ PeerMesh::PeerMesh(Store& store, const std::string& prefix, int rank, int size,
   std::vector<json> info(size);
   for (int r = 0; r < size; ++r) {
     try {
-      info[r] = json::parse(store.get(prefix + "/mesh/" + std::to_string(r),
-                                      std::chrono::milliseconds(millis_until(deadline))));
+      const std::string key = prefix + "/mesh/" + std::to_string(r);
+      info[r] = json::parse(in_slices(deadline, check_members,
+                                      detail::concat("rank ", world_ranks[r], " to join the ring mesh"),
+                                      [&](Deadline slice) {
+                                        return store.get(key, std::chrono::milliseconds(millis_until(slice)));
+                                      }));
     } catch (const CommTimeoutError&) {
       throw CommTimeoutError(detail::concat(
           "ring backend: rank ", world_ranks[r], " of ", size, " did not join within ",
@@ -130,9 +156,12 @@ PeerMesh::PeerMesh(Store& store, const std::string& prefix, int rank, int size,
   const Handshake mine{kHandshakeMagic, static_cast<uint32_t>(rank), fnv1a(token), fnv1a(prefix)};
   for (int peer = 0; peer < rank; ++peer) {
     const std::string addr = info[peer]["addr"].get<std::string>();
+    const std::string waiting_for = detail::concat("rank ", world_ranks[peer], " to accept its mesh connection");
     Socket socket;
     try {
-      socket = Socket::connect(addr, info[peer]["port"].get<int>(), deadline);
+      socket = in_slices(deadline, check_members, waiting_for, [&](Deadline slice) {
+        return Socket::connect(addr, info[peer]["port"].get<int>(), slice);
+      });
     } catch (const CommError& e) {
       // A peer on another host that published a loopback address reached the store
       // over loopback: MASTER_ADDR resolves to 127.x on its host (Debian's /etc/hosts
@@ -150,8 +179,20 @@ PeerMesh::PeerMesh(Store& store, const std::string& prefix, int rank, int size,
               : std::string()));
     }
     socket.send_all(&mine, sizeof(mine), deadline);
+    // The reply comes once the peer has connected to the ranks below it and reached
+    // its accept loop.
     uint8_t accepted = 0;
-    socket.recv_all(&accepted, 1, deadline);
+    try {
+      in_slices(deadline, check_members, waiting_for, [&](Deadline slice) {
+        socket.recv_all(&accepted, 1, slice);
+        return 0;
+      });
+    } catch (const SocketClosed& e) {
+      check_members(waiting_for);  // its own explanation, when it published one
+      throw CommError(detail::concat("ring backend: rank ", world_ranks[peer], " closed the mesh connection from rank ",
+                                     world_ranks[rank], " before it answered (", e.what(),
+                                     "): did its process exit during init_process_group?"));
+    }
     if (!accepted) {
       throw CommError(detail::concat("rank ", world_ranks[peer], " refused the connection from rank ",
                                      world_ranks[rank], ": job token or group mismatch (do all "
@@ -160,13 +201,14 @@ PeerMesh::PeerMesh(Store& store, const std::string& prefix, int rank, int size,
     peers_[peer].socket = std::move(socket);
   }
   for (int expected = size - 1 - rank; expected > 0;) {
+    std::string missing;
+    for (int r = rank + 1; r < size; ++r)
+      if (!peers_[r].socket.valid()) missing += detail::concat(missing.empty() ? "" : ", ", world_ranks[r]);
     Socket socket;
     try {
-      socket = listener.accept(deadline);
+      socket = in_slices(deadline, check_members, detail::concat("rank(s) ", missing, " to connect to it"),
+                         [&](Deadline slice) { return listener.accept(slice); });
     } catch (const CommTimeoutError& e) {
-      std::string missing;
-      for (int r = rank + 1; r < size; ++r)
-        if (!peers_[r].socket.valid()) missing += detail::concat(missing.empty() ? "" : ", ", world_ranks[r]);
       throw CommTimeoutError(detail::concat(
           "ring backend: rank ", world_ranks[rank], " waited for rank(s) ", missing, " to connect to it at ",
           info[rank]["addr"].get<std::string>(), ":", listener.local_port(), " and they did not (",

@@ -449,6 +449,16 @@ void ProcessGroup::check_same_collective(const Collective& c) {
 }
 
 void ProcessGroup::throw_if_member_failed(const std::string& what) const {
+  throw_if_member_published_failure(what);
+  if (const int lost = lost_member(); lost >= 0) {
+    throw PeerLostError(context_.world_ranks[lost],
+                        detail::concat("rank ", context_.world_ranks[lost],
+                                       " closed its connection while rank ",
+                                       context_.world_rank(), " waited for ", what));
+  }
+}
+
+void ProcessGroup::throw_if_member_published_failure(const std::string& what) const {
   for (int r = 0; r < context_.size; ++r) {
     const int world_rank = context_.world_ranks[r];
     if (r == context_.rank) continue;
@@ -458,12 +468,6 @@ void ProcessGroup::throw_if_member_failed(const std::string& what) const {
     throw PeerLostError(world_rank, detail::concat("rank ", world_rank, " failed while rank ",
                                                    context_.world_rank(), " waited for ", what,
                                                    " (rank ", world_rank, ": ", their_message, ")"));
-  }
-  if (const int lost = lost_member(); lost >= 0) {
-    throw PeerLostError(context_.world_ranks[lost],
-                        detail::concat("rank ", context_.world_ranks[lost],
-                                       " closed its connection while rank ",
-                                       context_.world_rank(), " waited for ", what));
   }
 }
 
@@ -509,6 +513,19 @@ void publish_rank_error(Store& store, int world_rank, const std::string& kind,
     store.set(detail::concat(error_key(world_rank), "/", index), record.dump());
   } catch (const std::exception&) {
     // the store itself may be gone (rank 0 died); the local error still stands
+  }
+}
+
+void wait_for_peers_to_publish(Store& store, int world_size, int self, std::chrono::milliseconds grace) {
+  const Deadline deadline = Clock::now() + grace;
+  try {
+    for (int r = 0; r < world_size; ++r) {
+      while (r != self && !store.try_get(error_key(r) + "/count") && Clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+  } catch (const std::exception&) {
+    // the store is this process's own; a failure here leaves nothing to wait for
   }
 }
 
@@ -669,7 +686,18 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) {
   // Called on non-members too (color < 0, child.rank == -1): a backend whose split is
   // itself a collective over the parent (MPI_Comm_split) needs every rank; the others
   // return nullptr for them.
-  return create_subgroup(std::move(child), color, key);
+  const std::string child_prefix = child.prefix;
+  try {
+    return create_subgroup(std::move(child), color, key);
+  } catch (const std::exception& e) {
+    // The sub-group's other members may be waiting for this rank in its setup: tell
+    // them why it will not come (the parent group itself is not failed).
+    publish_rank_error(*context_.store, context_.world_rank(), "exception",
+                       detail::concat("rank ", context_.world_rank(), " could not join split #", split_index,
+                                      " (color ", color, ", key ", key, "): ", e.what()),
+                       -1, child_prefix);
+    throw;
+  }
 }
 
 }  // namespace ringtrain::comm

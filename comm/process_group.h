@@ -216,6 +216,9 @@ class ProcessGroup {
   // member published an error (its message is quoted) or lost_member() reports one
   // gone. For backends that wait on something the store cannot see (NCCL's init).
   void throw_if_member_failed(const std::string& what) const;
+  // The same, from the store alone: callable while the backend's own state (what
+  // lost_member() reads) is still being built, as PeerMesh's setup does.
+  void throw_if_member_published_failure(const std::string& what) const;
 
   std::string describe(const Collective& collective) const;
   static std::string describe_collective(const Collective& collective, const char* backend,
@@ -269,5 +272,11 @@ class ProcessGroup {
 // store may be gone).
 void publish_rank_error(Store& store, int world_rank, const std::string& kind,
                         const std::string& message, int dead_rank = -1, const std::string& group = "");
+
+// For the process that runs the store (world rank 0) when it fails before the group
+// exists: the other ranks may still be waiting in setup, about to read why it failed
+// (or to publish their own failure). Returns once every other rank of the world has
+// published an error, or after `grace`. Best effort: never throws.
+void wait_for_peers_to_publish(Store& store, int world_size, int self, std::chrono::milliseconds grace);
 
 }  // namespace ringtrain::comm

@@ -43,7 +43,8 @@ class RingProcessGroup final : public ProcessGroup {
       : ProcessGroup(std::move(context)),
         mesh_(store(), this->context().prefix + "/ring", rank(), size(),
               this->context().world_ranks, this->context().token, options().transport,
-              Clock::now() + setup_timeout()) {
+              Clock::now() + setup_timeout(),
+              [this](const std::string& what) { throw_if_member_published_failure(what); }) {
     check_same_algorithm_settings();
     start();
   }

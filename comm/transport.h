@@ -92,9 +92,14 @@ class PeerMesh {
   // Collective over the group: listens, publishes its address in the store,
   // connects to every member (token-checked handshake), and maps shared memory
   // with the members on this host. `transport`: "auto", "tcp" or "shm".
+  // Every wait on another member goes in short slices; between them
+  // `check_members(what)` throws if a member published a failure (it will never
+  // come), so one rank failing during setup ends the others' waits within a second
+  // instead of at the deadline. `what` names what this rank is waiting for.
+  using MemberCheck = std::function<void(const std::string& what)>;
   PeerMesh(Store& store, const std::string& prefix, int rank, int size,
            const std::vector<int>& world_ranks, const std::string& token,
-           const std::string& transport, Deadline deadline);
+           const std::string& transport, Deadline deadline, const MemberCheck& check_members);
   ~PeerMesh();
   PeerMesh(const PeerMesh&) = delete;
   PeerMesh& operator=(const PeerMesh&) = delete;

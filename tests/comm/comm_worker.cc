@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
   app.add_flag("--blocking", blocking, "kill/throw/mismatch: launch the allreduces Launch::kBlocking");
   app.add_option("--mode", mode)->check(CLI::IsMember(
       {"check", "kill", "throw", "abort", "mismatch", "kill_before", "stall", "split_dead",
-       "sub_mismatch", "abort_stuck_store", "reinit"}));
+       "sub_mismatch", "abort_stuck_store", "reinit", "split_setup_failure"}));
   app.add_option("--backend", backend);
   app.add_option("--init", init_method);
   app.add_option("--victim", victim);
@@ -168,6 +168,19 @@ int main(int argc, char** argv) {
   if (mode == "split_dead") {
     pg->barrier().wait();
     if (rank == victim) raise(SIGKILL);
+    try {
+      pg->split(0, rank);
+    } catch (const std::exception& e) {
+      return report(e);
+    }
+    std::cerr << "rank " << rank << ": no failure was observed" << std::endl;
+    return 0;
+  }
+  if (mode == "split_setup_failure") {
+    // The victim cannot build its part of the sub-group (a slot size it refuses); the
+    // others, waiting for it in the sub-group's setup, must hear why within seconds.
+    pg->barrier().wait();
+    if (rank == victim) setenv("RINGTRAIN_SHM_SLOT_BYTES", "100", 1);
     try {
       pg->split(0, rank);
     } catch (const std::exception& e) {
