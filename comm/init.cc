@@ -247,6 +247,20 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   }
   g_launch = info;
 
+  // Two processes given the same rank (a launch script's mistake) leave the rank they
+  // displaced missing, and everyone waiting for it until the rendezvous timeout. Each
+  // rank claims its number in the store: the second claimant fails at once and
+  // publishes why, which ends the others' waits in the group's setup too.
+  if (info.world_size > 1 && store->add(detail::concat("rt/rank_claim/", info.rank), 1) > 1) {
+    const char* variable = info.method == "slurm" ? "SLURM_PROCID" : info.method == "mpi" ? "the MPI rank" : "RANK";
+    const std::string message = detail::concat(
+        "two processes were started as rank ", info.rank, " of ", info.world_size, " (this one is pid ", getpid(),
+        " on ", local_hostname(), "), so another rank is missing: give every process its own ", variable,
+        " in 0..", info.world_size - 1);
+    publish_rank_error(*store, info.rank, "exception", message);
+    throw CommError(message);
+  }
+
   GroupContext context;
   context.rank = info.rank;
   context.size = info.world_size;
@@ -271,8 +285,21 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
     publish_rank_error(*store, info.rank, "exception",
                        detail::concat("rank ", info.rank, " could not join the group: ", e.what()));
     // The store lives in this process on rank 0: ranks still waiting in setup would
-    // lose the reason (and see only "the store closed") if it went now.
-    if (server) wait_for_peers_to_publish(*store, info.world_size, info.rank, std::chrono::seconds(5));
+    // lose the reason (and see only "the store closed") if it went now. Those that
+    // joined (claimed their rank, maybe twice) are waited for; one never started
+    // would never say.
+    if (server) {
+      std::vector<int> joined;
+      try {
+        for (int r = 0; r < info.world_size; ++r) {
+          const std::optional<std::string> claims = store->try_get(detail::concat("rt/rank_claim/", r));
+          for (int64_t i = claims ? std::stoll(*claims) : 0; i > 0 && r != info.rank; --i) joined.push_back(r);
+        }
+      } catch (const std::exception&) {
+        // best effort, as the wait itself: the original error is what propagates
+      }
+      wait_for_peers_to_publish(*store, joined, std::chrono::seconds(5));
+    }
     throw;
   }
 

@@ -268,17 +268,27 @@ LaunchInfo parse_slurm_method(const EnvMap& env) {
       throw CommError(detail::concat("SLURM_JOB_ID='", job, "' is not a job number, so no port can ",
                                      "be derived from it; set MASTER_PORT to a free TCP port"));
     }
-    // Lightning's convention, 15000 + the last four digits of the job id, plus the step id,
-    // so that steps running at once in one job (srun ... & srun ... &) do not both take
-    // the same port on the same first node; the first step (0) keeps Lightning's port.
     long long step_id = 0;
     if (has(env, "SLURM_STEP_ID") && (!to_int(get(env, "SLURM_STEP_ID"), &step_id) || step_id < 0)) step_id = 0;
-    info.master_port = 15000 + static_cast<int>((job_id % 10000 + step_id % 10000) % 10000);
+    info.master_port = slurm_derived_port(job_id, step_id);
   }
   info.token = has(env, "RINGTRAIN_JOB_TOKEN")
                    ? get(env, "RINGTRAIN_JOB_TOKEN")
                    : detail::concat("slurm:", job, ".", get(env, "SLURM_STEP_ID"), ":", info.world_size);
   return info;
+}
+
+int slurm_derived_port(long long job_id, long long step_id) {
+  // The first step keeps Lightning's convention, 15000 + the last four digits of the
+  // job id (15000-24999). Steps running beside it (srun ... & srun ... &) need ports of
+  // their own on the same first node, and must not take the first-step port of a
+  // neighbouring job, which is likely to run at the same time on a shared node (a
+  // plain "+ step id" gave step 1 of job J the port of job J+1): they get 7 ports per
+  // job in 25000-31999, below Linux's ephemeral range. Two jobs meet only when their
+  // ids are 1000 apart, or with more than 7 steps at once.
+  constexpr long long kStepPortBase = 25000, kStepPortsPerJob = 7;
+  if (step_id <= 0) return 15000 + static_cast<int>(job_id % 10000);
+  return static_cast<int>(kStepPortBase + (job_id % 1000) * kStepPortsPerJob + (step_id - 1) % kStepPortsPerJob);
 }
 
 LaunchInfo parse_mpi_method(const EnvMap& env) {

@@ -42,6 +42,9 @@ std::vector<int> expand_tasks_per_node(const std::string& text);
 
 LaunchInfo parse_env_method(const EnvMap& env);
 LaunchInfo parse_slurm_method(const EnvMap& env);
+// The store port slurm:// takes when MASTER_PORT is not set: 15000 + job id % 10000 for
+// the first step (Lightning's), 25000 + 7 (job id % 1000) + (step id - 1) % 7 for later ones.
+int slurm_derived_port(long long job_id, long long step_id);
 LaunchInfo parse_mpi_method(const EnvMap& env);
 // tcp://host:port and file:///path. rank / world_size < 0: read RANK and WORLD_SIZE
 // (or the SLURM / Open MPI equivalents) from env.

@@ -516,11 +516,16 @@ void publish_rank_error(Store& store, int world_rank, const std::string& kind,
   }
 }
 
-void wait_for_peers_to_publish(Store& store, int world_size, int self, std::chrono::milliseconds grace) {
+void wait_for_peers_to_publish(Store& store, const std::vector<int>& ranks, std::chrono::milliseconds grace) {
   const Deadline deadline = Clock::now() + grace;
   try {
-    for (int r = 0; r < world_size; ++r) {
-      while (r != self && !store.try_get(error_key(r) + "/count") && Clock::now() < deadline) {
+    for (int r : ranks) {
+      const auto wanted = std::count(ranks.begin(), ranks.end(), r);
+      auto published = [&] {
+        const std::optional<std::string> count = store.try_get(error_key(r) + "/count");
+        return count ? std::stoll(*count) : 0;
+      };
+      while (published() < wanted && Clock::now() < deadline) {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
     }

@@ -275,8 +275,9 @@ void publish_rank_error(Store& store, int world_rank, const std::string& kind,
 
 // For the process that runs the store (world rank 0) when it fails before the group
 // exists: the other ranks may still be waiting in setup, about to read why it failed
-// (or to publish their own failure). Returns once every other rank of the world has
-// published an error, or after `grace`. Best effort: never throws.
-void wait_for_peers_to_publish(Store& store, int world_size, int self, std::chrono::milliseconds grace);
+// (or to publish their own failure). Returns once every world rank in `ranks` has
+// published as many errors as it appears there (two processes that claimed one rank
+// both publish under it), or after `grace`. Best effort: never throws.
+void wait_for_peers_to_publish(Store& store, const std::vector<int>& ranks, std::chrono::milliseconds grace);
 
 }  // namespace ringtrain::comm

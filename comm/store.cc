@@ -204,8 +204,12 @@ void StoreServer::serve(uint64_t client_id) {
       if (!greeted) {
         if (op != "hello" || !message.contains("token") ||
             message["token"].get<std::string>() != token_) {
-          reject("store: connection refused: wrong or missing job token (is this process part "
-                 "of this job? set RINGTRAIN_JOB_TOKEN to the same value on every rank)");
+          // Two causes: another job's store on this port (two jobs given one MASTER_PORT,
+          // or one derived from SLURM job ids), or a rank with a different token.
+          reject("store: connection refused: wrong or missing job token. Either this port is another "
+                 "job's store (two jobs on one host with the same MASTER_PORT, or a SLURM-derived port "
+                 "in use: give this job a MASTER_PORT of its own), or this process is not part of the "
+                 "job (set RINGTRAIN_JOB_TOKEN to the same value on every rank, or on none)");
           return;
         }
         greeted = true;

@@ -147,7 +147,11 @@ int main(int argc, char** argv) {
   app.add_option("--nnodes", nnodes, "nodes in the job")->check(CLI::Range(1, 100000))->capture_default_str();
   app.add_option("--node-rank", node_rank, "this node's index, 0 .. nnodes-1")
       ->check(CLI::Range(0, 99999))->capture_default_str();
-  app.add_option("--master-addr", master_addr, "host of rank 0 (the store)")->capture_default_str();
+  CLI::Option* master_addr_option =
+      app.add_option("--master-addr", master_addr,
+                     "host of rank 0 (the store); required with --nnodes above 1, where the default, "
+                     "loopback, would have every node look for the store on itself")
+          ->capture_default_str();
   app.add_option("--master-port", master_port, "TCP port of the store on the master")
       ->check(CLI::Range(1, 65535))->capture_default_str();
   app.add_option("--job-token", job_token,
@@ -189,6 +193,12 @@ int main(int argc, char** argv) {
   }
   if (node_rank >= nnodes) {
     std::cerr << "ringrun: --node-rank " << node_rank << " must be below --nnodes " << nnodes << "\n";
+    return 2;
+  }
+  if (nnodes > 1 && master_addr_option->count() == 0) {
+    std::cerr << "ringrun: --nnodes " << nnodes << " needs --master-addr: the address of node 0 (where rank 0 "
+                 "and the store run) that every node can reach, the same on every node; the default, "
+              << master_addr << ", would have each node look for the store on itself\n";
     return 2;
   }
   if (node_rank == 0 && !port_is_free(master_port)) {

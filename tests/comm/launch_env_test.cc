@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <functional>
+#include <set>
 #include <string>
 
 #include "comm/launch_env.h"
@@ -120,11 +121,29 @@ TEST(SlurmMethod, StepNodesAndStepIdDecideTheMaster) {
   env["SLURM_LOCALID"] = "0";
   LaunchInfo info = parse_slurm_method(env);
   EXPECT_EQ(info.master_addr, "node3");
-  EXPECT_EQ(info.master_port, 15000 + 3456 + 2);
+  EXPECT_EQ(info.master_port, 25000 + 456 * 7 + 1);  // job 123456, step 2
   EXPECT_EQ(info.local_world_size, 1);  // node 1 of the step runs 1 task
   env["SLURM_JOB_ID"] = "129999";
   env["SLURM_STEP_ID"] = "1";
-  EXPECT_EQ(parse_slurm_method(env).master_port, 15000);  // wraps within 15000-24999
+  EXPECT_EQ(parse_slurm_method(env).master_port, 25000 + 999 * 7);
+  env["SLURM_STEP_ID"] = "0";
+  EXPECT_EQ(parse_slurm_method(env).master_port, 15000 + 9999);
+}
+
+// Steps of one job, and the next jobs' steps (likely to share the first node at the same
+// time), never share a port: "+ step id" gave step 1 of job J the port of job J+1's step 0.
+TEST(SlurmMethod, DerivedPortsOfNeighbouringJobsAndStepsDiffer) {
+  for (long long job : {0LL, 999LL, 1000LL, 123456LL, 129999LL, 4294967295LL}) {
+    std::set<int> ports;
+    for (long long j = job; j < job + 50; ++j) {
+      for (long long step = 0; step < 7; ++step) {
+        const int port = slurm_derived_port(j, step);
+        EXPECT_TRUE(ports.insert(port).second) << "job " << j << " step " << step << " port " << port;
+        EXPECT_GE(port, 15000);
+        EXPECT_LT(port, 32768) << "inside Linux's ephemeral port range";
+      }
+    }
+  }
 }
 
 TEST(SlurmMethod, MasterPortAndAddrOverride) {

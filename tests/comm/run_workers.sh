@@ -10,6 +10,8 @@
 #   settings:         as kill, with the workers in check mode and the variables
 #                     in RT_VICTIM_ENV (e.g. "RINGTRAIN_RING_CHUNK_BYTES=1024") set
 #                     for rank 1 only, so that it cannot join the others.
+# RT_DUPLICATE_RANK=R starts the last process as rank R too (a launch script's
+# mistake): as settings, with the last process standing in for the victim's twin.
 set -u
 worker=$1 nproc=$2 init=$3 mode=$4 expect=$5 max_seconds=$6
 shift 6
@@ -35,13 +37,15 @@ for ((rank = 0; rank < nproc; rank++)); do
     env_args+=("${victim_env[@]}")
   fi
   init_arg=()
+  as_rank=$rank
+  if (( rank == nproc - 1 )) && [[ -n ${RT_DUPLICATE_RANK:-} ]]; then as_rank=$RT_DUPLICATE_RANK; fi
   case $init in
-    env)   env_args+=(MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=$nproc RANK=$rank
-                     LOCAL_RANK=$rank LOCAL_WORLD_SIZE=$nproc) ;;
-    tcp)   env_args+=(RANK=$rank WORLD_SIZE=$nproc); init_arg=(--init "tcp://127.0.0.1:$port") ;;
-    file)  env_args+=(RANK=$rank WORLD_SIZE=$nproc); init_arg=(--init "file://$dir/rendezvous") ;;
+    env)   env_args+=(MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=$nproc RANK=$as_rank
+                     LOCAL_RANK=$as_rank LOCAL_WORLD_SIZE=$nproc) ;;
+    tcp)   env_args+=(RANK=$as_rank WORLD_SIZE=$nproc); init_arg=(--init "tcp://127.0.0.1:$port") ;;
+    file)  env_args+=(RANK=$as_rank WORLD_SIZE=$nproc); init_arg=(--init "file://$dir/rendezvous") ;;
     slurm) # what srun sets for one task; no MASTER_PORT: the port comes from the job id
-           env_args+=(SLURM_PROCID=$rank SLURM_NTASKS=$nproc SLURM_LOCALID=$rank SLURM_NODEID=0
+           env_args+=(SLURM_PROCID=$as_rank SLURM_NTASKS=$nproc SLURM_LOCALID=$as_rank SLURM_NODEID=0
                       SLURM_JOB_NODELIST="localhost,node[2-3]" SLURM_JOB_ID=$jobid
                       SLURM_TASKS_PER_NODE="$nproc(x1)" SLURM_STEP_ID=0) ;;
     *) echo "unknown init $init"; exit 2 ;;

@@ -4,7 +4,7 @@
 //
 // Each task detects its environment (slurm/cluster_environment.h), joins the job
 // with comm::init_process_group using the init method it reports (slurm://: the
-// store on the first host of SLURM_STEP_NODELIST, port 15000 + (job id % 10000 + step id) % 10000),
+// store on the first host of SLURM_STEP_NODELIST, port comm::slurm_derived_port(job id, step id)),
 // allreduces a vector, and runs the requeue agreement with only the last rank
 // signalled. Exit 0 and one "ok" line per rank on success; any mismatch throws.
 #include <unistd.h>
