@@ -74,8 +74,8 @@ void unary_contiguous(UnaryOp op, const C* x, C* y, int64_t n) {
       for (int64_t i = 0; i < n; ++i) y[i] = x[i] < C(0) ? C(0) : x[i];
       break;
     case UnaryOp::kExp:
-      apply_vectorized(x, y, n, [](auto X, auto Y) { Y = X.exp(); });
-      detail::fix_exp_underflow(x, y, n);
+      detail::apply_packet_fixing_low<Eigen::internal::scalar_exp_op<C>>(
+          x, y, n, detail::kExpNormalLow<C>, [](C v) { return std::exp(v); });
       break;
     case UnaryOp::kLog:
       apply_vectorized(x, y, n, [](auto X, auto Y) { Y = X.log(); });
@@ -94,10 +94,10 @@ void unary_contiguous(UnaryOp op, const C* x, C* y, int64_t n) {
       break;
     case UnaryOp::kTanh: apply_vectorized(x, y, n, [](auto X, auto Y) { Y = X.tanh(); }); break;
     case UnaryOp::kSigmoid:
-      apply_vectorized(x, y, n, [](auto X, auto Y) { Y = X.logistic(); });
       // Far below 0, sigmoid(x) = e^x / (1 + e^x) rounds to e^x, which Eigen's logistic
       // clamps like exp (sigmoid(-inf) was 2.9e-39 for float): recompute those by value.
-      detail::fix_exp_underflow(x, y, n);
+      detail::apply_packet_fixing_low<Eigen::internal::scalar_logistic_op<C>>(
+          x, y, n, detail::kExpNormalLow<C>, [](C v) { return std::exp(v); });
       break;
     case UnaryOp::kGelu:
       apply_vectorized(x, y, n, [](auto X, auto Y) { Y = C(0.5) * X * (C(1) + (X * C(kInvSqrt2)).erf()); });

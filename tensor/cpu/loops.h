@@ -189,15 +189,66 @@ void apply_vectorized(const C* x, C* y, int64_t n, F&& f) {
 // [-709.78, 709.78] for double, so exp(-inf) came out as 2.9e-39 (float) instead of 0, and
 // exp(-100.f) as 2.9e-39 instead of 3.7e-44. Below kExpNormalLow (a little above the log of the
 // smallest normal number, where Eigen's results are still exact to its usual ulp) the results
-// are subnormal or zero; those elements are recomputed with std::exp. The choice is by value,
-// never by position, so the result stays independent of alignment (see apply_vectorized).
+// are subnormal or zero; those elements are recomputed with std::exp (apply_packet_fixing_low).
+// The choice is by value, never by position, so the result stays independent of alignment.
 template <typename C>
 inline constexpr C kExpNormalLow = std::is_same_v<C, float> ? C(-87.0) : C(-708.0);
 
-template <typename C>
-void fix_exp_underflow(const C* x, C* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i)
-    if (x[i] < kExpNormalLow<C>) y[i] = std::exp(x[i]);
+// y[0..n) = Functor's packet function of x[0..n) (an Eigen functor, e.g.
+// Eigen::internal::scalar_exp_op<C>: the function Y = X.exp() uses, so the results are
+// those of apply_vectorized), with the elements whose input is below `low` recomputed
+// by exact() (std::exp ...): Eigen's packet exp clamps its argument (kExpNormalLow).
+// One pass over memory: each packet's lanes are compared with `low` and the
+// comparisons OR-ed into one flag per block of kVecBlock elements; only a flagged
+// block (rare) is walked again, from x, which therefore must still hold the inputs:
+// when y overlaps x (in place), each block is computed into a buffer first.
+// The tail goes through a zero-padded block, every element on the packet path.
+// Measured on 16 M floats (Zen 5): a packet pass, then a scalar search over all of x,
+// 8.6-12 ms; with a vectorised search 6 ms; a compare and branch per packet 4.1 ms;
+// this, 3.0-3.3 ms, as fast as the packet exp alone and as relu. noinline: inlined
+// into the big switch of unary_contiguous, GCC kept the polynomial's constants on
+// the stack and the same loop took 6.4 ms.
+template <typename Functor, typename C, typename Exact>
+[[gnu::noinline]] void apply_packet_fixing_low(const C* x, C* y, int64_t n, C low, Exact&& exact) {
+  using namespace Eigen::internal;
+  using P = typename packet_traits<C>::type;
+  constexpr int64_t kP = unpacket_traits<P>::size;
+  constexpr int64_t kVecBlock = 256;  // a multiple of every packet size
+  const Functor op;
+  // One block: out[0..kVecBlock) from in[0..kVecBlock); returns whether a lane was low.
+  auto block = [&op, low](const C* in, C* out) {
+    const P low_p = pset1<P>(low);
+    P flag = pzero(low_p);
+    for (int64_t i = 0; i < kVecBlock; i += kP) {
+      const P v = ploadu<P>(in + i);
+      pstoreu(out + i, op.packetOp(v));
+      flag = por(flag, pcmp_lt(v, low_p));
+    }
+    return predux_any(flag);
+  };
+  auto mend = [&](const C* in, C* out, int64_t m) {
+    for (int64_t i = 0; i < m; ++i)
+      if (in[i] < low) out[i] = exact(in[i]);
+  };
+  const bool in_place = !(y + n <= x || x + n <= y);
+  alignas(64) C buffer[kVecBlock];
+  int64_t i0 = 0;
+  if (!in_place) {
+    for (; i0 + kVecBlock <= n; i0 += kVecBlock) {
+      if (block(x + i0, y + i0)) mend(x + i0, y + i0, kVecBlock);
+    }
+  } else {
+    for (; i0 + kVecBlock <= n; i0 += kVecBlock) {
+      if (block(x + i0, buffer)) mend(x + i0, buffer, kVecBlock);
+      std::copy(buffer, buffer + kVecBlock, y + i0);
+    }
+  }
+  const int64_t m = n - i0;
+  if (m == 0) return;
+  alignas(64) C padded[kVecBlock] = {};
+  std::copy(x + i0, x + n, padded);
+  if (block(padded, buffer)) mend(padded, buffer, m);
+  std::copy(buffer, buffer + m, y + i0);
 }
 
 // ---------------------------------------------------------------- the strided loop

@@ -85,8 +85,9 @@ void softmax_typed(const Tensor& in, int64_t dim, bool log, const Tensor& out) {
         }
       for (int64_t k = 0; k < s.n; ++k)
         for (int64_t j = 0; j < cols; ++j) xb[static_cast<size_t>(k * cols + j)] -= m[static_cast<size_t>(j)];
-      detail::apply_vectorized(xb.data(), eb.data(), len, [](auto X, auto E) { E = X.exp(); });
-      detail::fix_exp_underflow(xb.data(), eb.data(), len);  // masked (-inf) entries give exactly 0
+      // masked (-inf) entries give exactly 0
+      detail::apply_packet_fixing_low<Eigen::internal::scalar_exp_op<C>>(
+          xb.data(), eb.data(), len, detail::kExpNormalLow<C>, [](C v) { return std::exp(v); });
       std::fill_n(sum.begin(), cols, 0.0);
       for (int64_t k = 0; k < s.n; ++k)
         for (int64_t j = 0; j < cols; ++j) sum[static_cast<size_t>(j)] += eb[static_cast<size_t>(k * cols + j)];
@@ -131,8 +132,8 @@ void softmax_backward_typed(const Tensor& grad_out, const Tensor& output, int64_
         }
       if (log) {
         // y = log p -> p
-        detail::apply_vectorized(yb.data(), pb.data(), len, [](auto Y, auto P) { P = Y.exp(); });
-        detail::fix_exp_underflow(yb.data(), pb.data(), len);
+        detail::apply_packet_fixing_low<Eigen::internal::scalar_exp_op<C>>(
+            yb.data(), pb.data(), len, detail::kExpNormalLow<C>, [](C v) { return std::exp(v); });
         for (int64_t k = 0; k < s.n; ++k)
           for (int64_t j = 0; j < cols; ++j) {
             const size_t i = static_cast<size_t>(k * cols + j);

@@ -134,6 +134,41 @@ TEST(Unary, SpecialValues) {
   }
 }
 
+// The same, in a tensor long enough for whole blocks (256 elements) besides the tail: the
+// underflowing inputs are found and recomputed wherever they sit (first and last element of
+// a block, the tail), in place as well (the kernel with one tensor as input and output,
+// where the inputs are gone once the packet results are stored), and every other element
+// equals the value it gets alone (position does not change a result).
+TEST(Unary, UnderflowIsExactAtEveryPositionAndInPlace) {
+  const int64_t n = 256 * 3 + 37;
+  for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+    for (UnaryOp op : {UnaryOp::kExp, UnaryOp::kSigmoid}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " " + kernels::unary_op_name(op));
+      std::vector<double> xs(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) xs[static_cast<size_t>(i)] = std::sin(0.37 * static_cast<double>(i)) * 20.0;
+      const bool f32 = dtype == DType::kFloat32;
+      for (int64_t i : {0, 255, 256, 511, 600, 767, 768, 804}) xs[static_cast<size_t>(i)] = f32 ? -100.0 - i % 3 : -740.0 - i % 3;
+      Tensor x = Tensor::from_vector(xs, {n}).to(dtype);
+      Tensor out = Tensor::empty({n}, dtype);
+      kernels::cpu::unary(op, x, out);
+      Tensor in_place = x.clone();
+      kernels::cpu::unary(op, in_place, in_place);
+      const std::vector<double> got = out.to(DType::kFloat64).to_vector<double>();
+      const std::vector<double> got_in_place = in_place.to(DType::kFloat64).to_vector<double>();
+      for (int64_t i = 0; i < n; ++i) {
+        const size_t k = static_cast<size_t>(i);
+        Tensor one = Tensor::empty({1}, dtype);
+        kernels::cpu::unary(op, x.slice(0, i, i + 1).contiguous(), one);
+        const double alone = one.to(DType::kFloat64).item();
+        const double c_library = f32 ? static_cast<double>(std::exp(static_cast<float>(xs[k]))) : std::exp(xs[k]);
+        const double want = xs[k] <= -100.0 ? c_library : alone;
+        ASSERT_EQ(got[k], want) << "element " << i << " of " << n << ", x = " << xs[k];
+        ASSERT_EQ(got_in_place[k], want) << "in place, element " << i << " of " << n << ", x = " << xs[k];
+      }
+    }
+  }
+}
+
 // Eigen's packet exp clamps its argument (to -88.7 for float, -709.8 for double) and its
 // float sqrt is an approximation: these compare bit for bit with the C library, which is
 // correctly rounded for sqrt and exact in the underflow range. (SpecialValues above uses a
