@@ -117,6 +117,70 @@ TEST(Reduce, MaxMinPropagateNaN) {
   }
 }
 
+// Long runs go through four packet accumulators and a separate NaN test: a NaN anywhere (a
+// packet's first or last lane, the tail) and the extreme anywhere must still be found.
+TEST(Reduce, MaxMinOfLongRunsFindNaNAndTheExtremeAtEveryPosition) {
+  const int64_t n = 4 * 16 * 3 + 7;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    for (int64_t at : {int64_t{0}, int64_t{15}, int64_t{16}, int64_t{63}, int64_t{64}, n - 8, n - 7, n - 1}) {
+      SCOPED_TRACE(at);
+      std::vector<double> xs(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) xs[static_cast<size_t>(i)] = std::cos(0.7 * static_cast<double>(i));
+      std::vector<double> high = xs, low = xs, with_nan = xs;
+      high[static_cast<size_t>(at)] = 5.0;
+      low[static_cast<size_t>(at)] = -5.0;
+      with_nan[static_cast<size_t>(at)] = nan;
+      EXPECT_EQ(amax(Tensor::from_vector(high, {n}).to(dtype)).item(), 5.0);
+      EXPECT_EQ(amin(Tensor::from_vector(low, {n}).to(dtype)).item(), -5.0);
+      EXPECT_TRUE(std::isnan(amax(Tensor::from_vector(with_nan, {n}).to(dtype)).item()));
+      EXPECT_TRUE(std::isnan(amin(Tensor::from_vector(with_nan, {n}).to(dtype)).item()));
+    }
+  }
+}
+
+// Reducing the leading dims of a contiguous tensor takes four rows per pass; every column
+// still adds its rows in order, so the result equals, bit for bit, the general strided walk
+// (taken by the same values in a non-contiguous view: columns of a wider tensor), for row
+// counts that leave 0-3 rows over and for max/min with a NaN in some column.
+TEST(Reduce, LeadingDimsFourRowsAtATimeEqualTheStridedWalk) {
+  for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kBFloat16}) {
+    for (int64_t rows : {2, 5, 6, 7, 8, 37}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " rows " + std::to_string(rows));
+      const int64_t cols = 33;
+      std::vector<double> xs(static_cast<size_t>(rows * cols));
+      for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::sin(1.3 * static_cast<double>(i)) * std::pow(10.0, static_cast<double>(i % 7) - 3);
+      xs[static_cast<size_t>(cols + 3)] = std::numeric_limits<double>::quiet_NaN();
+      Tensor a = Tensor::from_vector(xs, {rows, cols}).to(dtype);
+      Tensor wide = zeros({rows, cols + 5}, dtype);
+      wide.slice(1, 0, cols).copy_(a);
+      Tensor a_view = wide.slice(1, 0, cols);
+      ASSERT_FALSE(a_view.is_contiguous());
+      const std::vector<double> sum_fast = sum(a, {0}).to(DType::kFloat64).to_vector<double>();
+      const std::vector<double> sum_walk = sum(a_view, {0}).to(DType::kFloat64).to_vector<double>();
+      const std::vector<double> max_fast = amax(a.view({rows, 1, cols}), {0, 1}).to(DType::kFloat64).to_vector<double>();
+      const std::vector<double> min_fast = amin(a, {0}).to(DType::kFloat64).to_vector<double>();
+      for (int64_t c = 0; c < cols; ++c) {
+        const size_t k = static_cast<size_t>(c);
+        if (c == 3) {
+          EXPECT_TRUE(std::isnan(sum_fast[k]) && std::isnan(max_fast[k]) && std::isnan(min_fast[k]));
+          continue;
+        }
+        EXPECT_EQ(sum_fast[k], sum_walk[k]) << "column " << c;
+        double hi = -1e300, lo = 1e300;
+        for (int64_t r = 0; r < rows; ++r) {
+          const double v = a.to(DType::kFloat64).to_vector<double>()[static_cast<size_t>(r * cols + c)];
+          hi = std::max(hi, v);
+          lo = std::min(lo, v);
+        }
+        EXPECT_EQ(max_fast[k], hi) << "column " << c;
+        EXPECT_EQ(min_fast[k], lo) << "column " << c;
+      }
+    }
+  }
+}
+
 TEST(MaxAlong, ValuesAndFirstIndicesEveryDim) {
   uint64_t seed = 300;
   const Shape shapes[] = {{7}, {3, 5}, {2, 3, 4}, {4, 1, 6}, {1, 1}, {0, 5}};
