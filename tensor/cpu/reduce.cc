@@ -11,7 +11,7 @@
 //   * "reduce a run into one accumulator" (the output stride is 0): f32/f64 runs
 //     are summed in blocks of kBlock with Eigen's vectorised sum (several SIMD
 //     partial sums, so the block error is tiny) and the blocks added in float64;
-//     max/min use Eigen's NaN-propagating maxCoeff/minCoeff;
+//     max/min use extreme_of_block (packet accumulators, NaN looked for apart);
 //   * "accumulate a run into a run" (reducing an outer dim): acc[i] += x[i].
 // A contiguous input whose leading dims are reduced (sum over dim 0 of [R, C]: the
 // bias gradient) skips the StridedLoop: reduce_leading_rows combines four input rows
@@ -140,7 +140,7 @@ Acc<OP, T> reduce_run(const T* x, int64_t xs, int64_t n) {
 // at a time, the accumulator row (C doubles for a float sum) is loaded and stored once
 // per input row, and for C = 4096 it no longer fits in L1 beside the input (24 of 45
 // GB/s memcpy on Zen 5); four rows per pass load and store it a quarter as often
-// (31-33 GB/s). Each accumulator still takes its rows one by one, in order, so the
+// (27-31 GB/s in bench_tensor_ops). Each accumulator still takes its rows one by one, in order, so the
 // result is bit for bit the one-row-at-a-time result.
 template <ReduceOp OP, typename T>
 void reduce_leading_rows(const T* x, int64_t rows, int64_t cols, std::vector<Acc<OP, T>>& acc) {
