@@ -239,7 +239,7 @@ PeerMesh::PeerMesh(Store& store, const std::string& prefix, int rank, int size,
     --expected;
   }
 
-  // 3. Transports. Ranks on this host (same hostname and boot id) share memory
+  // 3. Transports. Ranks on this host (same hostname, boot id and /dev/shm) share memory
   //    unless "tcp" was asked for.
   std::vector<int> local;  // group ranks on this host, ascending
   for (int r = 0; r < size; ++r) {

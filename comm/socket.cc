@@ -7,6 +7,8 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -290,7 +292,15 @@ std::string host_identity() {
   std::string boot_id;
   std::ifstream in("/proc/sys/kernel/random/boot_id");
   std::getline(in, boot_id);
-  return local_hostname() + "/" + boot_id;
+  // Shared memory needs the same /dev/shm, not only the same kernel: containers on
+  // one machine share the boot id (and, with host networking or --hostname, the
+  // name) but each mounts a tmpfs of its own on /dev/shm unless it is given the
+  // host's (docker --ipc=host). The mount's device and inode tell them apart.
+  struct stat shm {};
+  const std::string shm_id = ::stat("/dev/shm", &shm) == 0
+                                 ? detail::concat(major(shm.st_dev), ":", minor(shm.st_dev), ":", shm.st_ino)
+                                 : std::string("none");
+  return local_hostname() + "/" + boot_id + "/shm=" + shm_id;
 }
 
 }  // namespace ringtrain::comm

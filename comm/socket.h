@@ -69,8 +69,10 @@ class Socket {
 
 // This machine's name (gethostname).
 std::string local_hostname();
-// Identifies the machine, not only its name: hostname + kernel boot id. Two ranks
-// with the same host_identity can share memory.
+// Identifies the machine and its shared memory, not only its name: hostname +
+// kernel boot id + the /dev/shm mount (device and inode). Two ranks with the same
+// host_identity can share memory; two containers on one machine with /dev/shm
+// mounts of their own cannot, and get different identities.
 std::string host_identity();
 
 }  // namespace ringtrain::comm

@@ -20,7 +20,7 @@
 // kernel, even a kill -9), and throws PeerLostError naming the rank.
 //
 // Choice of transport per peer ("auto"): ShmTransport when both ranks have the
-// same host_identity() (hostname + boot id), TcpTransport otherwise. The TCP
+// same host_identity() (hostname + boot id + /dev/shm mount), TcpTransport otherwise. The TCP
 // mesh is built in either case: it carries the handshake (job token) and is the
 // liveness signal for shared-memory peers.
 #pragma once

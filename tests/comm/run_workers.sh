@@ -12,6 +12,10 @@
 #                     for rank 1 only, so that it cannot join the others.
 # RT_DUPLICATE_RANK=R starts the last process as rank R too (a launch script's
 # mistake): as settings, with the last process standing in for the victim's twin.
+# RT_PRIVATE_SHM_RANK=R starts rank R in a mount namespace of its own with an
+# empty tmpfs on /dev/shm: same host name and boot id as the others, but no
+# shared memory with them (a container with its own /dev/shm). Exits 77 (skip)
+# where unshare(1) or mount(2) is not allowed.
 set -u
 worker=$1 nproc=$2 init=$3 mode=$4 expect=$5 max_seconds=$6
 shift 6
@@ -27,6 +31,14 @@ if [[ $init == slurm ]]; then
   done
 fi
 token=$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')
+private_shm=()
+if [[ -n ${RT_PRIVATE_SHM_RANK:-} ]]; then
+  if ! unshare -m sh -c 'mount -t tmpfs -o size=64m tmpfs /dev/shm' 2>"$dir/unshare.err"; then
+    echo "SKIP: cannot give a process a private /dev/shm here (unshare -m + mount as root): $(cat "$dir/unshare.err")"
+    exit 77
+  fi
+  private_shm=(unshare -m sh -c 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$@"' sh)
+fi
 pids=()
 worker_mode=$mode
 [[ $mode == settings ]] && worker_mode=check
@@ -50,8 +62,10 @@ for ((rank = 0; rank < nproc; rank++)); do
                       SLURM_TASKS_PER_NODE="$nproc(x1)" SLURM_STEP_ID=0) ;;
     *) echo "unknown init $init"; exit 2 ;;
   esac
+  wrap=()
+  if [[ ${RT_PRIVATE_SHM_RANK:-} == "$rank" ]]; then wrap=("${private_shm[@]}"); fi
   env -u OMPI_COMM_WORLD_SIZE -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE "${env_args[@]}" \
-    "$worker" --mode "$worker_mode" "${init_arg[@]}" "$@" >"$dir/out.$rank" 2>&1 &
+    "${wrap[@]}" "$worker" --mode "$worker_mode" "${init_arg[@]}" "$@" >"$dir/out.$rank" 2>&1 &
   pids+=($!)
 done
 start=$(date +%s)
