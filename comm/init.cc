@@ -260,6 +260,10 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
     publish_rank_error(*store, info.rank, "exception", message);
     throw CommError(message);
   }
+  // Should this process now die without a word (kill -9, the OOM killer), the store
+  // says so for it: the others may be waiting for it where no connection of its own
+  // could close (its address in the store, while the mesh forms).
+  if (info.world_size > 1) leave_last_will(*store, info.rank);
 
   GroupContext context;
   context.rank = info.rank;

@@ -1,5 +1,7 @@
 #include "comm/process_group.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <exception>
@@ -134,6 +136,10 @@ std::string ProcessGroup::describe(const Collective& c) const {
 
 std::string ProcessGroup::describe_collective(const Collective& c, const char* backend, int rank,
                                               int size) {
+  if (c.split_index >= 0) {
+    return detail::concat("split #", c.split_index, " (collective #", c.seq, " in debug mode) on ", backend,
+                          " group rank ", rank, "/", size);
+  }
   std::string text = detail::concat(collective_op_name(c.op), " #", c.seq, " (");
   if (c.op != CollectiveOp::kBarrier) {
     text += detail::concat(dtype_name(c.input.dtype), " x ", c.input.count);
@@ -333,7 +339,7 @@ void ProcessGroup::execute(Pending& pending) {
         c.op != CollectiveOp::kRecv) {
       check_same_collective(c);
     }
-    run_staged(c, Clock::now() + context_.options.timeout);
+    if (c.split_index < 0) run_staged(c, Clock::now() + context_.options.timeout);
     pending.state->mark_completed();
   } catch (...) {
     std::exception_ptr explained = explain_failure(std::current_exception(), describe(c));
@@ -395,7 +401,8 @@ void ProcessGroup::run_staged(const Collective& c, Deadline deadline) {
 
 void ProcessGroup::check_same_collective(const Collective& c) {
   // What this rank issued, in the form that must be equal on every rank.
-  std::string signature = detail::concat(collective_op_name(c.op), "(");
+  std::string signature = c.split_index >= 0 ? detail::concat("split #", c.split_index, "(")
+                                             : detail::concat(collective_op_name(c.op), "(");
   if (c.op != CollectiveOp::kBarrier) {
     signature += detail::concat(dtype_name(c.input.dtype), ", count=", c.input.count);
   }
@@ -459,10 +466,21 @@ void ProcessGroup::throw_if_member_failed(const std::string& what) const {
 }
 
 void ProcessGroup::throw_if_member_published_failure(const std::string& what) const {
+  std::vector<std::optional<json>> records(context_.size);
+  for (int r = 0; r < context_.size; ++r) {
+    if (r != context_.rank) records[r] = first_error_record(*context_.store, context_.world_ranks[r], context_.prefix);
+  }
+  // A member that died comes first: the others' errors may only relay its death.
+  for (int r = 0; r < context_.size; ++r) {
+    if (!records[r] || records[r]->value("kind", "") != "exited") continue;
+    // the store's word for it (its last will): the message names it, pid and host
+    throw PeerLostError(context_.world_ranks[r],
+                        detail::concat(records[r]->value("message", records[r]->dump()), ", while rank ",
+                                       context_.world_rank(), " waited for ", what));
+  }
   for (int r = 0; r < context_.size; ++r) {
     const int world_rank = context_.world_ranks[r];
-    if (r == context_.rank) continue;
-    std::optional<json> record = first_error_record(*context_.store, world_rank, context_.prefix);
+    const std::optional<json>& record = records[r];
     if (!record) continue;  // none, or it failed only in another group
     const std::string their_message = record->value("message", record->dump());
     throw PeerLostError(world_rank, detail::concat("rank ", world_rank, " failed while rank ",
@@ -514,6 +532,15 @@ void publish_rank_error(Store& store, int world_rank, const std::string& kind,
   } catch (const std::exception&) {
     // the store itself may be gone (rank 0 died); the local error still stands
   }
+}
+
+void leave_last_will(Store& store, int world_rank) {
+  const std::string message = detail::concat(
+      "rank ", world_rank, " (pid ", getpid(), " on ", local_hostname(),
+      ") ended without closing its connection to the store: it was killed (kill -9, the OOM killer, "
+      "a time limit) or crashed");
+  json record{{"rank", world_rank}, {"kind", "exited"}, {"message", message}, {"dead_rank", world_rank}};
+  store.set_last_will(error_key(world_rank), record.dump());
 }
 
 void wait_for_peers_to_publish(Store& store, const std::vector<int>& ranks, std::chrono::milliseconds grace) {
@@ -591,14 +618,19 @@ std::exception_ptr ProcessGroup::explain_failure(std::exception_ptr error,
         break;
       }
     }
+    // The store's record of how it ended (its pid and host), when it has come yet.
+    std::string how;
+    for (const json& r : records) {
+      if (r["kind"] == "exited" && r["rank"] == dead) how = detail::concat(": ", r["message"].get<std::string>());
+    }
     std::string message = detail::concat(what_op, " failed on rank ", me, ": rank ", dead,
-                                         " died (its connection closed)", note);
+                                         " died (its connection closed)", how, note);
     publish_error("peer_lost", message, dead);
     return std::make_exception_ptr(PeerLostError(dead, message));
   } catch (const CommTimeoutError& e) {
     std::string note;
     for (const json& r : published(&note)) {
-      if (r["kind"] == "exception" || r["kind"] == "peer_lost") {
+      if (r["kind"] == "exception" || r["kind"] == "peer_lost" || r["kind"] == "exited") {
         std::string message = detail::concat(what_op, " failed on rank ", me, ": ",
                                              r["message"].get<std::string>());
         return std::make_exception_ptr(CommError(message));
@@ -651,6 +683,13 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) {
     if (failed_) std::rethrow_exception(failure_);
   }
   const uint64_t split_index = split_count_++;
+  if (context_.options.debug_collectives) {
+    // A split is a collective over this group: in debug mode it takes its place in the
+    // sequence, after what this rank issued before it, and is compared like the rest
+    // (its color and key may differ by rank). A rank that splits where another
+    // allreduces is then named at once, not found out by two timeouts.
+    enqueue({.op = CollectiveOp::kBarrier, .split_index = static_cast<int64_t>(split_index)}, Launch::kBlocking);
+  }
   const std::string base = detail::concat(context_.prefix, "/split", split_index);
   context_.store->set(base + "/" + std::to_string(context_.rank), json{color, key}.dump());
   struct Member {

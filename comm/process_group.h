@@ -15,7 +15,8 @@
 //   - argument checks (counts, roots, dtypes) with messages naming the op;
 //   - the debug check (RINGTRAIN_DEBUG_COLLECTIVES=1): every rank publishes
 //     (seq, op, dtype, count, root/redop) to the store and compares with all
-//     others before running; a mismatch names each rank and what it issued;
+//     others before running; a mismatch names each rank and what it issued
+//     (split() takes a place in the sequence too);
 //   - CUDA buffers for backends that only move host memory (ring, mpi): wait for
 //     the caller's stream (an event recorded at issue time), copy to pinned host
 //     memory, run, copy back;
@@ -168,6 +169,10 @@ class ProcessGroup {
     // (what debug mode compares), or, for send/recv, among this rank's point-to-point
     // operations: those involve two ranks only, so they cannot share the numbering.
     uint64_t seq = 0;
+    // Debug mode only: >= 0 marks split #split_index's place in the sequence. It is
+    // checked like a collective (so a rank that splits while another allreduces is
+    // named) and then completes without running.
+    int64_t split_index = -1;
     // CUDA buffers: a cuda::Event recorded on the caller's stream after the work that
     // produces the input. A backend's own stream waits for it on the device
     // (stream_wait_event); host staging waits for it on the host first.
@@ -265,13 +270,20 @@ class ProcessGroup {
 
 // Publishes why world rank `world_rank` failed, for its peers to report. kind:
 // "exception" (the original error), "peer_lost" (dead_rank died), "peer_failed",
-// "timeout". `group`: the prefix of the group it failed in; the record then concerns
+// "timeout"; "exited" is published by the store itself (leave_last_will). `group`: the prefix of the group it failed in; the record then concerns
 // that group and the groups split from it, not its parents (a rank that aborted a
 // sub-group still serves the world group). Empty: the whole process failed (an
 // uncaught exception), which concerns every group. Best effort: never throws (the
 // store may be gone).
 void publish_rank_error(Store& store, int world_rank, const std::string& kind,
                         const std::string& message, int dead_rank = -1, const std::string& group = "");
+
+// Leaves world rank `world_rank`'s last will with the store (Store::set_last_will):
+// should its process end without a goodbye (killed, crashed), the store publishes
+// an error record of kind "exited" for it, with dead_rank = world_rank, so that
+// peers waiting for it in the store (group setup, split, debug mode) fail at once,
+// naming it, pid and host. Called by init_process_group once the rank is claimed.
+void leave_last_will(Store& store, int world_rank);
 
 // For the process that runs the store (world rank 0) when it fails before the group
 // exists: the other ranks may still be waiting in setup, about to read why it failed

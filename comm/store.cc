@@ -1,6 +1,7 @@
 #include "comm/store.h"
 
 #include <poll.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -175,6 +176,23 @@ void StoreServer::serve(uint64_t client_id) {
     }
     socket->shutdown();
   };
+  // The client's last will (set_last_will), carried out below if the connection
+  // ends without a goodbye while the store is still running.
+  std::optional<std::pair<std::string, std::string>> will;
+  struct CarryOutWill {
+    StoreServer* server;
+    std::optional<std::pair<std::string, std::string>>& will;
+    ~CarryOutWill() {
+      if (!will || server->stopping_) return;
+      std::lock_guard<std::mutex> lock(server->mutex_);
+      auto& data = server->data_;
+      const std::string count_key = will->first + "/count";
+      const int64_t index = data.count(count_key) ? std::stoll(data[count_key]) : 0;
+      data[count_key] = std::to_string(index + 1);
+      data[detail::concat(will->first, "/", index)] = will->second;
+      server->changed_.notify_all();
+    }
+  } carry_out_will{this, will};
   bool greeted = false;
   while (!stopping_) {
     json message;
@@ -218,6 +236,15 @@ void StoreServer::serve(uint64_t client_id) {
       }
       const std::string key = message.at("key").get<std::string>();
       json reply{{"ok", true}};
+      if (op == "bye") {  // a clean close: no will, no reply (the client is gone)
+        will.reset();
+        return;
+      }
+      if (op == "will") {
+        will.emplace(key, string_value(message.at("value")));
+        write_message(*socket, reply, Clock::now() + kIoTimeout);
+        continue;
+      }
       std::unique_lock<std::mutex> lock(mutex_);
       if (op == "set") {
         data_[key] = string_value(message.at("value"));
@@ -266,7 +293,7 @@ void StoreServer::serve(uint64_t client_id) {
 
 Store::Store(const std::string& host, int port, const std::string& token,
              std::chrono::milliseconds connect_timeout)
-    : host_(host), port_(port) {
+    : host_(host), port_(port), owner_pid_(getpid()) {
   Deadline deadline = Clock::now() + connect_timeout;
   socket_ = Socket::connect(host, port, deadline);
   // A store answers the hello at once; whatever else holds the port (another service, a
@@ -297,11 +324,28 @@ Store::Store(const std::string& host, int port, const std::string& token,
   }
 }
 
+Store::~Store() {
+  // A forked child that exits through its destructors shares this connection with
+  // its parent: its goodbye would be the parent's, and cut into its requests.
+  if (getpid() != owner_pid_ || !socket_.valid()) return;
+  std::lock_guard<FifoLock> lock(connection_lock_);
+  if (!broken_.empty()) return;
+  try {
+    write_message(socket_, json{{"op", "bye"}, {"key", ""}}, Clock::now() + std::chrono::seconds(1));
+  } catch (const std::exception&) {
+    // the store is gone (rank 0 exited) or does not read: nothing to tell it
+  }
+}
+
+void Store::set_last_will(const std::string& list_key, const std::string& record) {
+  request("will", list_key, record, 0, std::chrono::milliseconds(0), nullptr);
+}
+
 std::string Store::request(const std::string& op, const std::string& key,
                            const std::string& value, int64_t number,
                            std::chrono::milliseconds timeout, bool* found) {
   json message{{"op", op}, {"key", key}};
-  if (op == "set") message["value"] = binary_value(value);
+  if (op == "set" || op == "will") message["value"] = binary_value(value);
   if (op == "add") message["number"] = number;
   if (op == "get") message["timeout_ms"] = timeout.count();
   std::lock_guard<FifoLock> lock(connection_lock_);

@@ -17,6 +17,16 @@
 // answer with an error naming the problem and close that connection. The token
 // keeps a stray process (another job on the same port, a port scanner) from
 // joining; it is not a security boundary.
+//
+// Last will (the idea of MQTT's "last will and testament"): a client may leave a
+// record with the server (set_last_will) that the server appends to a list in
+// the store if the connection ends without a goodbye: the process was killed
+// (kill -9, the OOM killer), crashed, or called _exit. A Store destroyed normally
+// says goodbye first, and the will is dropped. This is how a rank killed while
+// the others wait for it in setup (where there is no ring connection yet to
+// close) is named within a fraction of a second instead of after the rendezvous
+// timeout. Lists are kept as counters: <key>/count and <key>/<0..count-1>, the
+// layout add() + set() give too.
 #pragma once
 
 #include <atomic>
@@ -29,6 +39,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <sys/types.h>
 
 #include "comm/socket.h"
 
@@ -82,8 +94,15 @@ class Store {
   // presents the token. Throws CommError if the server rejects it.
   Store(const std::string& host, int port, const std::string& token,
         std::chrono::milliseconds connect_timeout = std::chrono::seconds(60));
+  // Says goodbye (the last will, if any, is dropped) and closes the connection.
+  ~Store();
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
+
+  // Leaves `record` with the server: if this connection ends without a goodbye,
+  // the server appends it to the list under list_key (list_key/count is raised,
+  // list_key/<count - 1> set). A later call replaces the will.
+  void set_last_will(const std::string& list_key, const std::string& record);
 
   void set(const std::string& key, const std::string& value);
   // Blocks until the key exists; throws CommTimeoutError naming the key after `timeout`.
@@ -143,6 +162,7 @@ class Store {
   Socket socket_;
   std::string advertised_address_;  // empty: socket_'s local address
   std::string broken_;              // why the connection is unusable (a request failed midway)
+  pid_t owner_pid_;                 // the process that connected: a forked child must not say goodbye
 };
 
 }  // namespace ringtrain::comm

@@ -23,6 +23,8 @@
 //                                 --victim 1 s (run with RINGTRAIN_TIMEOUT_SEC=2): a rank times
 //                                 out and the rest must say so, not that it died
 //   comm_worker --mode split_dead rank --victim SIGKILLs itself; the others call split()
+//   comm_worker --mode split_mismatch  rank --victim allreduces where the others call
+//                                 split() (debug mode): every rank must name the mismatch
 //   comm_worker --mode sub_mismatch   split by rank % 2; in the odd group the last rank
 //                                 broadcasts where the others allreduce (debug mode); the
 //                                 odd ranks print their error and every rank exits 0
@@ -62,7 +64,7 @@ int main(int argc, char** argv) {
   app.add_flag("--blocking", blocking, "kill/throw/mismatch: launch the allreduces Launch::kBlocking");
   app.add_option("--mode", mode)->check(CLI::IsMember(
       {"check", "kill", "throw", "abort", "mismatch", "kill_before", "stall", "split_dead",
-       "sub_mismatch", "abort_stuck_store", "reinit", "split_setup_failure"}));
+       "sub_mismatch", "abort_stuck_store", "reinit", "split_setup_failure", "split_mismatch"}));
   app.add_option("--backend", backend);
   app.add_option("--init", init_method);
   app.add_option("--victim", victim);
@@ -180,6 +182,21 @@ int main(int argc, char** argv) {
       return report(e);
     }
     std::cerr << "rank " << rank << ": no failure was observed" << std::endl;
+    return 0;
+  }
+  if (mode == "split_mismatch") {
+    std::vector<float> values(10, 1.0f);
+    try {
+      pg->allreduce({values.data(), values.size(), DType::kFloat32}).wait();  // the same everywhere
+      if (rank == victim) {
+        pg->allreduce({values.data(), values.size(), DType::kFloat32}).wait();
+      } else {
+        pg->split(0, rank);
+      }
+    } catch (const std::exception& e) {
+      return report(e);
+    }
+    std::cerr << "rank " << rank << ": no error (the mismatch went unseen)" << std::endl;
     return 0;
   }
   if (mode == "sub_mismatch") {

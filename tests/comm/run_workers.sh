@@ -7,6 +7,11 @@
 #   check:            every rank exits 0 and prints "ok"
 #   kill|throw|mismatch: every rank except the victim (rank 1) exits non-zero
 #                     within MAX_SECONDS and its output matches the regex EXPECT.
+#   killed_in_setup:  as kill, with the workers in check mode; the last rank is
+#                     never started, so the others wait for it while the ring
+#                     mesh forms, and rank 1 is killed (-9) there, once it
+#                     listens for its mesh connections. No connection of rank 1's
+#                     to the others exists yet: only the store can tell them.
 #   settings:         as kill, with the workers in check mode and the variables
 #                     in RT_VICTIM_ENV (e.g. "RINGTRAIN_RING_CHUNK_BYTES=1024") set
 #                     for rank 1 only, so that it cannot join the others.
@@ -41,8 +46,10 @@ if [[ -n ${RT_PRIVATE_SHM_RANK:-} ]]; then
 fi
 pids=()
 worker_mode=$mode
-[[ $mode == settings ]] && worker_mode=check
-for ((rank = 0; rank < nproc; rank++)); do
+[[ $mode == settings || $mode == killed_in_setup ]] && worker_mode=check
+started=$nproc
+[[ $mode == killed_in_setup ]] && started=$((nproc - 1))
+for ((rank = 0; rank < started; rank++)); do
   env_args=(RINGTRAIN_JOB_TOKEN=$token)
   if (( rank == 1 )) && [[ -n ${RT_VICTIM_ENV:-} ]]; then
     read -ra victim_env <<< "$RT_VICTIM_ENV"
@@ -68,9 +75,26 @@ for ((rank = 0; rank < nproc; rank++)); do
     "${wrap[@]}" "$worker" --mode "$worker_mode" "${init_arg[@]}" "$@" >"$dir/out.$rank" 2>&1 &
   pids+=($!)
 done
+# Does process $1 own a listening TCP socket? (its socket inodes against /proc/net/tcp*)
+listens() {
+  local inode
+  for inode in $(find "/proc/$1/fd" -lname 'socket:*' -printf '%l\n' 2>/dev/null | tr -dc '0-9\n'); do
+    awk -v ino="$inode" '$4 == "0A" && $10 == ino {found = 1} END {exit !found}' \
+      /proc/net/tcp /proc/net/tcp6 2>/dev/null && return 0
+  done
+  return 1
+}
+if [[ $mode == killed_in_setup ]]; then
+  for ((i = 0; i < 300; i++)); do
+    listens "${pids[1]}" && break
+    sleep 0.1
+  done
+  if ! listens "${pids[1]}"; then echo "FAIL: rank 1 never reached the ring mesh setup"; cat "$dir"/out.*; exit 1; fi
+  kill -9 "${pids[1]}"
+fi
 start=$(date +%s)
 status=0
-for ((rank = 0; rank < nproc; rank++)); do
+for ((rank = 0; rank < started; rank++)); do
   # wait for each rank, but never beyond the overall budget
   while kill -0 "${pids[$rank]}" 2>/dev/null; do
     if (( $(date +%s) - start > max_seconds )); then
@@ -81,10 +105,10 @@ for ((rank = 0; rank < nproc; rank++)); do
   wait "${pids[$rank]}"; codes[$rank]=$?
 done
 elapsed=$(( $(date +%s) - start ))
-for ((rank = 0; rank < nproc; rank++)); do
+for ((rank = 0; rank < started; rank++)); do
   echo "--- rank $rank (exit ${codes[$rank]})"; cat "$dir/out.$rank"
 done
-for ((rank = 0; rank < nproc; rank++)); do
+for ((rank = 0; rank < started; rank++)); do
   if [[ $mode == check ]]; then
     if (( codes[rank] != 0 )) || ! grep -q "ok" "$dir/out.$rank"; then echo "FAIL: rank $rank"; status=1; fi
   elif (( rank != 1 )); then

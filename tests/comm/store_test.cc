@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <ctime>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -74,6 +75,48 @@ TEST(Store, ALongGetLeavesTheConnectionToOtherThreads) {
   store.set("other", "x");
   EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);  // held by the get: about 4.7 s
   waiter.join();
+}
+
+// The last will: carried out when the connection ends without a goodbye (the process
+// was killed), dropped when the Store is destroyed (a clean end), and appended to the
+// list, after what the client itself published there.
+TEST(Store, LastWillIsCarriedOutWhenTheClientIsKilled) {
+  StoreServer server("127.0.0.1", 0, "t");
+  Store observer("127.0.0.1", server.port(), "t");
+  observer.set("list/count", "1");  // one record the client published itself
+  observer.set("list/0", "its own error");
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    Store store("127.0.0.1", server.port(), "t");
+    store.set_last_will("list", "killed: no goodbye");
+    store.set("will_left", "1");
+    raise(SIGKILL);  // no destructor, no goodbye
+    _exit(1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  ASSERT_EQ(observer.get("will_left", 5s), "1");
+  // The server notices the closed connection within a poll slice (200 ms).
+  EXPECT_EQ(observer.get("list/1", 5s), "killed: no goodbye");
+  EXPECT_EQ(observer.get("list/count", 1s), "2");
+  EXPECT_EQ(observer.get("list/0", 1s), "its own error");
+}
+
+TEST(Store, LastWillIsDroppedWhenTheStoreIsDestroyed) {
+  StoreServer server("127.0.0.1", 0, "t");
+  Store observer("127.0.0.1", server.port(), "t");
+  {
+    Store store("127.0.0.1", server.port(), "t");
+    store.set_last_will("list", "should not appear");
+    store.set_last_will("list", "replaced, should not appear either");
+  }
+  // A second client killed after a goodbye-less end would have shown within 200 ms;
+  // give the server ten times that.
+  std::this_thread::sleep_for(2s);
+  EXPECT_FALSE(observer.try_get("list/count").has_value());
+  EXPECT_FALSE(observer.try_get("list/0").has_value());
 }
 
 TEST(Store, RejectsWrongToken) {
