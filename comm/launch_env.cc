@@ -344,13 +344,16 @@ LaunchInfo parse_url_method(const std::string& url, const EnvMap& env, int rank,
   info.local_rank = has(env, "LOCAL_RANK") ? env_int(env, "LOCAL_RANK", 0, 1 << 20, hint) : rank;
   info.local_world_size = has(env, "LOCAL_WORLD_SIZE") ? env_int(env, "LOCAL_WORLD_SIZE", 1, 1 << 20, hint) : world_size;
   if (url.rfind("tcp://", 0) == 0) {
-    static const std::regex kHostPort(R"(tcp://([^:/]+):(\d+)/?)");
+    // host: a name, an IPv4 address, or an IPv6 address in brackets (tcp://[fd00::2]:29500)
+    static const std::regex kHostPort(R"(tcp://(\[[0-9A-Fa-f:.%a-zA-Z]+\]|[^:/\[\]]+):(\d+)/?)");
     std::smatch match;
     if (!std::regex_match(url, match, kHostPort)) {
-      throw CommError("init method '" + url + "' is not tcp://host:port");
+      throw CommError("init method '" + url + "' is not tcp://host:port (an IPv6 address in brackets: "
+                      "tcp://[fd00::2]:29500)");
     }
     info.method = "tcp";
     info.master_addr = match[1].str();
+    if (info.master_addr.front() == '[') info.master_addr = info.master_addr.substr(1, info.master_addr.size() - 2);
     long long port = 0;
     if (!to_int(match[2].str(), &port) || port < 1 || port > 65535) {
       throw CommError("init method '" + url + "': port " + match[2].str() +

@@ -167,10 +167,10 @@ PeerMesh::PeerMesh(Store& store, const std::string& prefix, int rank, int size,
       // over loopback: MASTER_ADDR resolves to 127.x on its host (Debian's /etc/hosts
       // maps the host name to 127.0.1.1). (Hosts that share a network namespace, such
       // as containers with host networking, can connect anyway: only a failure says so.)
-      const bool loopback_elsewhere = info[peer]["host"] != info[rank]["host"] && addr.rfind("127.", 0) == 0;
+      const bool loopback_elsewhere = info[peer]["host"] != info[rank]["host"] && is_loopback_address(addr);
       throw CommError(detail::concat(
-          "ring backend: rank ", world_ranks[rank], " cannot connect to rank ", world_ranks[peer], " at ", addr,
-          ":", info[peer]["port"].get<int>(), " (the address it published): ", e.what(),
+          "ring backend: rank ", world_ranks[rank], " cannot connect to rank ", world_ranks[peer], " at ",
+          host_port(addr, info[peer]["port"].get<int>()), " (the address it published): ", e.what(),
           loopback_elsewhere
               ? detail::concat(". Rank ", world_ranks[peer], " is on another host and published a loopback "
                                "address, because it reached the store at MASTER_ADDR over loopback: set "
@@ -211,7 +211,7 @@ PeerMesh::PeerMesh(Store& store, const std::string& prefix, int rank, int size,
     } catch (const CommTimeoutError& e) {
       throw CommTimeoutError(detail::concat(
           "ring backend: rank ", world_ranks[rank], " waited for rank(s) ", missing, " to connect to it at ",
-          info[rank]["addr"].get<std::string>(), ":", listener.local_port(), " and they did not (",
+          host_port(info[rank]["addr"].get<std::string>(), listener.local_port()), " and they did not (",
           e.what(), "): did they fail to join, or can they not route to that address?"));
     }
     Handshake theirs{};

@@ -538,7 +538,7 @@ void leave_last_will(Store& store, int world_rank) {
   const std::string message = detail::concat(
       "rank ", world_rank, " (pid ", getpid(), " on ", local_hostname(),
       ") ended without closing its connection to the store: it was killed (kill -9, the OOM killer, "
-      "a time limit) or crashed");
+      "a time limit), crashed, or its host went down or off the network");
   json record{{"rank", world_rank}, {"kind", "exited"}, {"message", message}, {"dead_rank", world_rank}};
   store.set_last_will(error_key(world_rank), record.dump());
 }
@@ -587,6 +587,20 @@ std::exception_ptr ProcessGroup::explain_failure(std::exception_ptr error,
   try {
     std::rethrow_exception(error);
   } catch (const PeerLostError& e) {
+    // The rank that went away says why in the store: the error it published as it
+    // failed, or, killed, the store's record of its end (its last will). Either lands
+    // within milliseconds of its sockets closing, but usually after them (a failing
+    // constructor's sockets close as the stack unwinds, before the catch that
+    // publishes): wait for it briefly, or the reason is lost to a race.
+    constexpr auto kDeadRankRecordGrace = std::chrono::seconds(1);
+    try {
+      for (const Deadline until = Clock::now() + kDeadRankRecordGrace;
+           !first_error_record(*context_.store, e.rank(), context_.prefix) && Clock::now() < until;) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    } catch (const std::exception&) {
+      // the store is gone (rank 0 died): published() below says so
+    }
     std::string note;
     auto records = published(&note);
     for (const json& r : records) {

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <net/if.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -12,12 +13,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <optional>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 namespace ringtrain::comm {
 
@@ -29,30 +34,117 @@ int millis_until(Deadline deadline) {
 
 namespace {
 
-// Resolves host (a name or dotted address) to an IPv4 sockaddr.
-// The IPv4 address of `host`, or nullopt with the resolver's reason in *error.
-std::optional<sockaddr_in> try_resolve(const std::string& host, int port, std::string* error) {
+// An IPv4 or IPv6 socket address, as bind/connect take it.
+struct SocketAddress {
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+  int family() const { return storage.ss_family; }
+  const sockaddr* get() const { return reinterpret_cast<const sockaddr*>(&storage); }
+};
+
+// "[fd00::2]" (as in a URL) -> "fd00::2"; anything else unchanged.
+std::string without_brackets(const std::string& host) {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') return host.substr(1, host.size() - 2);
+  return host;
+}
+
+// The address of `host` (a name, a dotted IPv4 address or an IPv6 address) with
+// `port`, or nullopt with the resolver's reason in *error. A name with both kinds
+// of address gives its IPv4 one: IPv4 is what every cluster routes, while an IPv6
+// address a name also has is not always reachable from the other hosts (and a SYN
+// into such a void would wait out the deadline). A name or literal with only IPv6
+// addresses gives the first of them.
+std::optional<SocketAddress> try_resolve(const std::string& host, int port, std::string* error) {
   addrinfo hints{};
-  hints.ai_family = AF_INET;
+  hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* result = nullptr;
-  int rc = getaddrinfo(host.c_str(), nullptr, &hints, &result);
+  const std::string name = without_brackets(host);
+  int rc = getaddrinfo(name.c_str(), nullptr, &hints, &result);
   if (rc != 0 || result == nullptr) {
     *error = detail::concat("cannot resolve host '", host, "': ", gai_strerror(rc),
                             " (check MASTER_ADDR / the node list)");
     return std::nullopt;
   }
-  sockaddr_in addr = *reinterpret_cast<sockaddr_in*>(result->ai_addr);
+  const addrinfo* chosen = nullptr;
+  for (const addrinfo* a = result; a; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      chosen = a;
+      break;
+    }
+    if (a->ai_family == AF_INET6 && !chosen) chosen = a;
+  }
+  if (!chosen) {
+    freeaddrinfo(result);
+    *error = detail::concat("host '", host, "' has no IPv4 or IPv6 address");
+    return std::nullopt;
+  }
+  SocketAddress address;
+  std::memcpy(&address.storage, chosen->ai_addr, chosen->ai_addrlen);
+  address.length = chosen->ai_addrlen;
   freeaddrinfo(result);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  return addr;
+  const uint16_t net_port = htons(static_cast<uint16_t>(port));
+  if (address.family() == AF_INET) reinterpret_cast<sockaddr_in*>(&address.storage)->sin_port = net_port;
+  else reinterpret_cast<sockaddr_in6*>(&address.storage)->sin6_port = net_port;
+  return address;
 }
 
-sockaddr_in resolve(const std::string& host, int port) {
+SocketAddress resolve(const std::string& host, int port) {
   std::string error;
-  std::optional<sockaddr_in> addr = try_resolve(host, port, &error);
+  std::optional<SocketAddress> addr = try_resolve(host, port, &error);
   if (!addr) throw CommError(error);
   return *addr;
+}
+
+// The "any address" to listen on: IPv6's, accepting IPv4 too (v4-mapped), where the
+// kernel has IPv6; else IPv4's.
+std::pair<Socket, SocketAddress> any_address_socket(int port) {
+  SocketAddress address;
+  int fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {
+    int zero = 0;
+    if (setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero)) == 0) {
+      auto* in6 = reinterpret_cast<sockaddr_in6*>(&address.storage);
+      in6->sin6_family = AF_INET6;
+      in6->sin6_addr = in6addr_any;
+      in6->sin6_port = htons(static_cast<uint16_t>(port));
+      address.length = sizeof(sockaddr_in6);
+      return {Socket(fd), address};
+    }
+    ::close(fd);
+  }
+  // no IPv6 here (ipv6.disable=1), or no dual stack: IPv4 only
+  fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  SYS_CHECK(fd);
+  auto* in = reinterpret_cast<sockaddr_in*>(&address.storage);
+  in->sin_family = AF_INET;
+  in->sin_addr.s_addr = htonl(INADDR_ANY);
+  in->sin_port = htons(static_cast<uint16_t>(port));
+  address.length = sizeof(sockaddr_in);
+  return {Socket(fd), address};
+}
+
+// The text of an address (v4-mapped IPv6 as plain IPv4; a link-local IPv6 address
+// with its %interface) and its port.
+std::pair<std::string, int> address_text(const sockaddr_storage& storage) {
+  char text[INET6_ADDRSTRLEN + IF_NAMESIZE + 2] = {};
+  if (storage.ss_family == AF_INET6) {
+    const auto& in6 = reinterpret_cast<const sockaddr_in6&>(storage);
+    if (IN6_IS_ADDR_V4MAPPED(&in6.sin6_addr)) {
+      inet_ntop(AF_INET, &in6.sin6_addr.s6_addr[12], text, sizeof(text));
+    } else {
+      inet_ntop(AF_INET6, &in6.sin6_addr, text, sizeof(text));
+      char interface[IF_NAMESIZE] = {};
+      if (in6.sin6_scope_id != 0 && if_indextoname(in6.sin6_scope_id, interface)) {
+        std::strcat(text, "%");
+        std::strcat(text, interface);
+      }
+    }
+    return {text, ntohs(in6.sin6_port)};
+  }
+  const auto& in = reinterpret_cast<const sockaddr_in&>(storage);
+  inet_ntop(AF_INET, &in.sin_addr, text, sizeof(text));
+  return {text, ntohs(in.sin_port)};
 }
 
 // Waits until fd is ready for `events` or the deadline passes. Returns revents (0 on timeout).
@@ -89,17 +181,20 @@ void Socket::shutdown() const {
 }
 
 Socket Socket::listen(const std::string& host, int port, const std::string& port_hint) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  SYS_CHECK(fd);
-  Socket sock(fd);
+  // "" or "::": every address, IPv6 and IPv4; "0.0.0.0": every IPv4 address.
+  Socket sock;
+  SocketAddress addr;
+  if (host.empty() || host == "::" || host == "[::]") {
+    std::tie(sock, addr) = any_address_socket(port);
+  } else {
+    addr = resolve(host, port);
+    sock = Socket(::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
+    SYS_CHECK(sock.fd());
+  }
+  const int fd = sock.fd();
   int one = 1;
   SYS_CHECK(setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = host.empty() || host == "0.0.0.0" ? htonl(INADDR_ANY)
-                                                           : resolve(host, port).sin_addr.s_addr;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+  if (::bind(fd, addr.get(), addr.length) != 0) {
     int err = errno;
     if (err == EADDRINUSE) {
       throw CommError(detail::concat(
@@ -110,7 +205,7 @@ Socket Socket::listen(const std::string& host, int port, const std::string& port
           ", e.g. one printed by `python3 -c 'import socket; s=socket.socket(); s.bind((\"\",0)); "
           "print(s.getsockname()[1])'`"));
     }
-    throw CommError(detail::concat("cannot bind ", host.empty() ? "*" : host, ":", port, ": ",
+    throw CommError(detail::concat("cannot bind ", host_port(host.empty() ? "*" : host, port), ": ",
                                    std::strerror(err)));
   }
   SYS_CHECK(::listen(fd, 128));
@@ -125,7 +220,7 @@ Socket Socket::connect(const std::string& host, int port, Deadline deadline) {
     // Resolved on every attempt: the master's name may not exist yet when this rank
     // starts (a Kubernetes pod whose DNS record appears with it), as TCPStore allows.
     std::string resolve_error;
-    std::optional<sockaddr_in> resolved = try_resolve(host, port, &resolve_error);
+    std::optional<SocketAddress> resolved = try_resolve(host, port, &resolve_error);
     if (!resolved) {
       if (!said_unresolved) {
         std::fprintf(stderr, "ringtrain: %s; retrying until the deadline (%d s)\n", resolve_error.c_str(),
@@ -137,8 +232,8 @@ Socket Socket::connect(const std::string& host, int port, Deadline deadline) {
       backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
       continue;
     }
-    sockaddr_in addr = *resolved;
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const SocketAddress& addr = *resolved;
+    int fd = ::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
     SYS_CHECK(fd);
     Socket sock(fd);
     // A blocking connect() to a host that drops SYNs (a firewall, a listener whose
@@ -149,7 +244,7 @@ Socket Socket::connect(const std::string& host, int port, Deadline deadline) {
     SYS_CHECK(flags);
     SYS_CHECK(fcntl(fd, F_SETFL, flags | O_NONBLOCK));
     int err = 0;
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    if (::connect(fd, addr.get(), addr.length) != 0) {
       err = errno;
       if (err == EINPROGRESS) {
         pollfd p{fd, POLLOUT, 0};
@@ -170,6 +265,7 @@ Socket Socket::connect(const std::string& host, int port, Deadline deadline) {
       SYS_CHECK(fcntl(fd, F_SETFL, flags));  // the rest of Socket expects blocking I/O
       int one = 1;
       SYS_CHECK(setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)));
+      enable_keepalive(fd);
       return sock;
     }
     last_error = std::strerror(err);
@@ -177,7 +273,7 @@ Socket Socket::connect(const std::string& host, int port, Deadline deadline) {
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
   }
-  throw CommTimeoutError(detail::concat("cannot connect to ", host, ":", port, " (", last_error,
+  throw CommTimeoutError(detail::concat("cannot connect to ", host_port(host, port), " (", last_error,
                                         "): is the master (rank 0) running and is the address "
                                         "reachable from ", local_hostname(), "?"));
 }
@@ -205,23 +301,22 @@ std::optional<Socket> Socket::accept_queued(int* error) const {
   Socket client(fd);
   int one = 1;
   SYS_CHECK(setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)));
+  enable_keepalive(fd);
   return client;
 }
 
 int Socket::local_port() const {
-  sockaddr_in addr{};
+  sockaddr_storage addr{};
   socklen_t len = sizeof(addr);
   SYS_CHECK(getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len));
-  return ntohs(addr.sin_port);
+  return address_text(addr).second;
 }
 
 std::string Socket::local_address() const {
-  sockaddr_in addr{};
+  sockaddr_storage addr{};
   socklen_t len = sizeof(addr);
   SYS_CHECK(getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len));
-  char text[INET_ADDRSTRLEN] = {};
-  inet_ntop(AF_INET, &addr.sin_addr, text, sizeof(text));
-  return text;
+  return address_text(addr).first;
 }
 
 void Socket::set_nonblocking(bool on) const {
@@ -248,7 +343,7 @@ void Socket::send_all(const void* data, size_t nbytes, Deadline deadline) const 
       if (wait_fd(fd_, POLLOUT, deadline) == 0) throw CommTimeoutError("timed out sending");
       continue;
     }
-    if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) throw SocketClosed("connection closed");
+    if (n < 0 && connection_gone(errno)) throw SocketClosed(detail::concat("connection closed (", std::strerror(errno), ")"));
     SYS_CHECK(n);
   }
 }
@@ -267,7 +362,7 @@ void Socket::recv_all(void* data, size_t nbytes, Deadline deadline) const {
       if (wait_fd(fd_, POLLIN, deadline) == 0) throw CommTimeoutError("timed out receiving");
       continue;
     }
-    if (errno == ECONNRESET) throw SocketClosed("connection reset");
+    if (connection_gone(errno)) throw SocketClosed(detail::concat("connection lost (", std::strerror(errno), ")"));
     SYS_CHECK(n);
   }
 }
@@ -280,6 +375,53 @@ bool Socket::peer_closed() const {
   char byte;
   ssize_t n = ::recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
   return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+int tcp_keepalive_seconds() {
+  const char* text = std::getenv("RINGTRAIN_TCP_KEEPALIVE_SEC");
+  if (!text || !*text) return 60;
+  char* end = nullptr;
+  errno = 0;
+  const long seconds = std::strtol(text, &end, 10);
+  if (*end != '\0' || errno != 0 || seconds < 0 || seconds > 86400 || !std::isdigit(static_cast<unsigned char>(*text))) {
+    throw CommError(detail::concat("RINGTRAIN_TCP_KEEPALIVE_SEC='", text,
+                                   "' is not a whole number of seconds in [0, 86400]; unset it (60) or give "
+                                   "one such as 30, or 0 for no keepalive"));
+  }
+  return static_cast<int>(seconds);
+}
+
+void enable_keepalive(int fd) {
+  const int total = tcp_keepalive_seconds();
+  if (total == 0) return;
+  const int one = 1;
+  const int idle = std::max(1, total / 2);
+  const int interval = std::max(1, total / 10);
+  const int probes = 5;
+  SYS_CHECK(setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one)));
+  SYS_CHECK(setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle)));
+  SYS_CHECK(setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval)));
+  SYS_CHECK(setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes)));
+}
+
+void limit_unacknowledged_time(int fd) {
+  const unsigned milliseconds = static_cast<unsigned>(tcp_keepalive_seconds()) * 1000u;
+  if (milliseconds == 0) return;
+  SYS_CHECK(setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &milliseconds, sizeof(milliseconds)));
+}
+
+bool connection_gone(int error) {
+  return error == EPIPE || error == ECONNRESET || error == ENOTCONN || error == ETIMEDOUT ||
+         error == EHOSTUNREACH || error == ENETUNREACH || error == EHOSTDOWN;
+}
+
+std::string host_port(const std::string& host, int port) {
+  const bool ipv6_literal = host.find(':') != std::string::npos && host.front() != '[';
+  return ipv6_literal ? detail::concat("[", host, "]:", port) : detail::concat(host, ":", port);
+}
+
+bool is_loopback_address(const std::string& address) {
+  return address.rfind("127.", 0) == 0 || address == "::1" || address == "[::1]";
 }
 
 std::string local_hostname() {

@@ -33,11 +33,16 @@ class Socket {
   Socket(const Socket&) = delete;
   Socket& operator=(const Socket&) = delete;
 
-  // Binds host:port (port 0: any free port) and listens. When the port is taken
-  // the error says so and names `port_hint` (e.g. "MASTER_PORT") as the fix.
+  // Binds host:port (port 0: any free port) and listens. host "" (or "::"): every
+  // address, IPv6 and IPv4 (one dual-stack socket; IPv4 alone where the kernel has
+  // no IPv6); "0.0.0.0": every IPv4 address; else the address `host` resolves to.
+  // When the port is taken the error says so and names `port_hint` (e.g.
+  // "MASTER_PORT") as the fix.
   static Socket listen(const std::string& host, int port, const std::string& port_hint = "");
   // Connects to host:port, retrying "connection refused" until `deadline` (the
-  // server may not be up yet). Sets TCP_NODELAY.
+  // server may not be up yet). Sets TCP_NODELAY. host: a name, an IPv4 address or an
+  // IPv6 address (bare or in brackets); a name with both kinds of address is
+  // reached over IPv4.
   static Socket connect(const std::string& host, int port, Deadline deadline);
   // Waits for one connection until `deadline`.
   Socket accept(Deadline deadline) const;
@@ -50,7 +55,8 @@ class Socket {
   bool valid() const { return fd_ >= 0; }
   int local_port() const;
   // The local IP address of a connected socket: the address peers can reach us on
-  // through the same interface.
+  // through the same interface (IPv4 dotted, or IPv6; an IPv4 peer of a dual-stack
+  // listener gives plain IPv4, not ::ffff:a.b.c.d).
   std::string local_address() const;
   void set_nonblocking(bool on) const;
   void set_buffer_sizes(int bytes) const;
@@ -66,6 +72,33 @@ class Socket {
  private:
   int fd_ = -1;
 };
+
+// TCP keepalive on every connection (store and ring mesh): a peer whose host
+// went down or off the network (no FIN, no RST: nothing closes) is noticed after
+// about RINGTRAIN_TCP_KEEPALIVE_SEC (default 60; 0 turns it off) of silence on an
+// idle connection, and the connection then fails like a closed one (SocketClosed:
+// "... timed out"). The kernel answers the probes, so a live process that is
+// merely busy, stopped or slow is never taken for dead. Throws CommError for a
+// value that is not a whole number of seconds.
+int tcp_keepalive_seconds();
+// Sets SO_KEEPALIVE with idle = T/2, 5 probes T/10 apart (T = tcp_keepalive_seconds()).
+void enable_keepalive(int fd);
+// TCP_USER_TIMEOUT of tcp_keepalive_seconds() (nothing if 0): data sent and not
+// acknowledged for that long fails the connection. Keepalive covers only idle
+// connections; the store's are rarely idle (a waiting rank asks again every 200
+// ms), so they take this too. Not for the ring mesh: there a receiver that is
+// merely late (rank 0 saving a checkpoint while the others enter an allreduce)
+// closes its window, and Linux would abort a sender stuck behind a closed window
+// after the same time.
+void limit_unacknowledged_time(int fd);
+// Whether errno from send/recv means the connection is gone: the peer closed or
+// reset it, or keepalive (or the retransmission limit) gave up on its host.
+bool connection_gone(int error);
+
+// "host:port", with an IPv6 address in brackets ("[fd00::2]:29500").
+std::string host_port(const std::string& host, int port);
+// 127.0.0.0/8 or ::1.
+bool is_loopback_address(const std::string& address);
 
 // This machine's name (gethostname).
 std::string local_hostname();

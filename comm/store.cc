@@ -123,6 +123,9 @@ void StoreServer::accept_loop() {
     if (pfd.revents & (POLLERR | POLLHUP | POLLNVAL)) break;
     int error = 0;
     std::optional<Socket> client = listener_.accept_queued(&error);
+    // a client whose host vanished must fail this connection (its last will), also
+    // with a reply of ours still unacknowledged
+    if (client) limit_unacknowledged_time(client->fd());
     if (!client) {
       if (error == EMFILE || error == ENFILE) {
         // The connection stays queued and poll() keeps saying so: without a pause
@@ -296,13 +299,14 @@ Store::Store(const std::string& host, int port, const std::string& token,
     : host_(host), port_(port), owner_pid_(getpid()) {
   Deadline deadline = Clock::now() + connect_timeout;
   socket_ = Socket::connect(host, port, deadline);
+  limit_unacknowledged_time(socket_.fd());
   // A store answers the hello at once; whatever else holds the port (another service, a
   // stale process) may say nothing, or something that is not a store message. Either way
   // the error names the store and the likely cause, not just "timed out receiving", and
   // comes within kHelloTimeout, not at the end of the whole rendezvous.
   const Deadline hello_deadline = std::min(deadline, Clock::now() + kHelloTimeout);
   auto not_a_store = [&](const std::string& what) {
-    return detail::concat("store at ", host, ":", port, " ", what,
+    return detail::concat("store at ", host_port(host, port), " ", what,
                           ": is MASTER_ADDR:MASTER_PORT this job's rank 0? Another service (or a process "
                           "of an earlier job) may hold the port");
   };
@@ -319,7 +323,7 @@ Store::Store(const std::string& host, int port, const std::string& token,
     throw CommError(not_a_store(detail::concat("answered the handshake with something else (", e.what(), ")")));
   }
   if (!reply.value("ok", false)) {
-    throw StoreRefusedError(detail::concat("store at ", host, ":", port, " refused this rank: ",
+    throw StoreRefusedError(detail::concat("store at ", host_port(host, port), " refused this rank: ",
                                    reply.value("error", std::string("no reason given"))));
   }
 }
@@ -358,10 +362,10 @@ std::string Store::request(const std::string& op, const std::string& key,
   try {
     write_message(socket_, message, deadline);
     reply = read_message(socket_, deadline);
-  } catch (const SocketClosed&) {
-    broken_ = "rank 0 closed it";
-    throw SocketClosed(detail::concat("the store at ", host_, ":", port_,
-                                      " (run by rank 0) closed the connection: rank 0 has exited"));
+  } catch (const SocketClosed& e) {
+    broken_ = detail::concat("the connection ended: ", e.what());
+    throw SocketClosed(detail::concat("the store at ", host_port(host_, port_), " (run by rank 0) is gone (",
+                                      e.what(), "): rank 0 has exited, or its host went down or off the network"));
   } catch (const std::exception& e) {
     // A request cut off midway (a timeout, a signal) leaves its reply, or part of it,
     // in flight: the next request would read it as its own. So no next request.

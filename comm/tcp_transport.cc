@@ -28,8 +28,8 @@ class TcpTransport final : public Transport {
     ssize_t n = ::send(fd_, data, nbytes, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n >= 0) return static_cast<size_t>(n);
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
-    if (errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN || errno == EBADF) {
-      throw SocketClosed("connection closed while sending");
+    if (connection_gone(errno) || errno == EBADF) {
+      throw SocketClosed(detail::concat("connection closed while sending (", std::strerror(errno), ")"));
     }
     SYS_CHECK(n);
     return 0;
@@ -42,8 +42,8 @@ class TcpTransport final : public Transport {
       if (n == 0) throw SocketClosed("connection closed while receiving");
       if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
-        if (errno == ECONNRESET || errno == ENOTCONN || errno == EBADF) {
-          throw SocketClosed("connection reset while receiving");
+        if (connection_gone(errno) || errno == EBADF) {
+          throw SocketClosed(detail::concat("connection lost while receiving (", std::strerror(errno), ")"));
         }
         SYS_CHECK(n);
       }

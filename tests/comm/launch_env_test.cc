@@ -183,6 +183,12 @@ TEST(UrlMethods, TcpAndFile) {
   EXPECT_EQ(file.file_path, "/tmp/rdv");
   EXPECT_EQ(file.world_size, 2);
   EXPECT_NE(error_of([] { resolve_launch("tcp://host", {}, 0, 1); }).find("tcp://host:port"), std::string::npos);
+  // IPv6: in brackets, as in any URL; bare, the colons make host and port ambiguous
+  LaunchInfo tcp6 = resolve_launch("tcp://[fd00::2]:4567", {}, 0, 2);
+  EXPECT_EQ(tcp6.master_addr, "fd00::2");
+  EXPECT_EQ(tcp6.master_port, 4567);
+  EXPECT_NE(error_of([] { resolve_launch("tcp://fd00::2:4567", {}, 0, 2); }).find("tcp://[fd00::2]:29500"),
+            std::string::npos);
   EXPECT_NE(error_of([] { resolve_launch("tcp://h:1", {}, -1, -1); }).find("world size is unknown"), std::string::npos);
   EXPECT_NE(error_of([] { resolve_launch("file://relative", {}, 0, 1); }).find("absolute"), std::string::npos);
   EXPECT_NE(error_of([] { resolve_launch("bogus://", {}, 0, 1); }).find("is not one of"), std::string::npos);

@@ -2,7 +2,8 @@
 # run_workers.sh WORKER NPROC INIT MODE EXPECT MAX_SECONDS [worker args...]
 #
 # Starts NPROC ranks of WORKER by hand with the environment a real launcher
-# would set for INIT (env | tcp | file | slurm), waits at most MAX_SECONDS, and
+# would set for INIT (env | tcp | file | slurm; env6 and tcp6: the master at the
+# IPv6 loopback ::1, skipped (77) where there is none), waits at most MAX_SECONDS, and
 # checks the outcome for MODE:
 #   check:            every rank exits 0 and prints "ok"
 #   kill|throw|mismatch: every rank except the victim (rank 1) exits non-zero
@@ -12,6 +13,13 @@
 #                     mesh forms, and rank 1 is killed (-9) there, once it
 #                     listens for its mesh connections. No connection of rank 1's
 #                     to the others exists yet: only the store can tell them.
+#   offline_in_setup: as killed_in_setup, but rank 1 runs in a network namespace
+#                     of its own, joined to this one by a veth pair, and stays
+#                     alive: its replies are blackholed instead (a host that drops
+#                     off the network: no FIN, no RST). Only the store connection's
+#                     keepalive / user timeout can tell; run with a short
+#                     RINGTRAIN_TCP_KEEPALIVE_SEC. Exits 77 (skip) where ip(8)
+#                     or network namespaces are not available.
 #   settings:         as kill, with the workers in check mode and the variables
 #                     in RT_VICTIM_ENV (e.g. "RINGTRAIN_RING_CHUNK_BYTES=1024") set
 #                     for rank 1 only, so that it cannot join the others.
@@ -36,6 +44,31 @@ if [[ $init == slurm ]]; then
   done
 fi
 token=$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')
+if [[ $init == *6 ]] && ! python3 -c 'import socket; socket.socket(socket.AF_INET6).bind(("::1", 0))' 2>/dev/null; then
+  echo "SKIP: no IPv6 loopback on this machine (::1 cannot be bound)"
+  exit 77
+fi
+# offline_in_setup: a network namespace held open by a sleeping process, a veth
+# pair between it and this namespace, and the master's address on this side.
+master_addr=127.0.0.1
+offline=()
+if [[ $mode == offline_in_setup ]]; then
+  link=rtv$$
+  subnet=10.231.$(( $$ % 250 ))
+  if ! command -v ip >/dev/null || ! command -v nsenter >/dev/null; then
+    echo "SKIP: ip(8) (iproute2) or nsenter(1) is not installed"; exit 77
+  fi
+  unshare -n sleep 600 & holder=$!
+  trap 'kill -9 ${pids[*]} $holder 2>/dev/null; ip link del $link 2>/dev/null; rm -rf "$dir"' EXIT
+  sleep 0.2
+  if ! { ip link add "$link" type veth peer name "${link}p" netns "$holder" &&
+         ip addr add "$subnet.1/30" dev "$link" && ip link set "$link" up &&
+         nsenter -t "$holder" -n sh -c "ip addr add $subnet.2/30 dev ${link}p && ip link set ${link}p up && ip link set lo up"; } 2>"$dir/ip.err"; then
+    echo "SKIP: cannot make a network namespace joined by veth here: $(cat "$dir/ip.err")"; exit 77
+  fi
+  master_addr=$subnet.1
+  offline=(nsenter -t "$holder" -n)
+fi
 private_shm=()
 if [[ -n ${RT_PRIVATE_SHM_RANK:-} ]]; then
   if ! unshare -m sh -c 'mount -t tmpfs -o size=64m tmpfs /dev/shm' 2>"$dir/unshare.err"; then
@@ -46,9 +79,9 @@ if [[ -n ${RT_PRIVATE_SHM_RANK:-} ]]; then
 fi
 pids=()
 worker_mode=$mode
-[[ $mode == settings || $mode == killed_in_setup ]] && worker_mode=check
+[[ $mode == settings || $mode == *_in_setup ]] && worker_mode=check
 started=$nproc
-[[ $mode == killed_in_setup ]] && started=$((nproc - 1))
+[[ $mode == *_in_setup ]] && started=$((nproc - 1))
 for ((rank = 0; rank < started; rank++)); do
   env_args=(RINGTRAIN_JOB_TOKEN=$token)
   if (( rank == 1 )) && [[ -n ${RT_VICTIM_ENV:-} ]]; then
@@ -59,9 +92,12 @@ for ((rank = 0; rank < started; rank++)); do
   as_rank=$rank
   if (( rank == nproc - 1 )) && [[ -n ${RT_DUPLICATE_RANK:-} ]]; then as_rank=$RT_DUPLICATE_RANK; fi
   case $init in
-    env)   env_args+=(MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=$nproc RANK=$as_rank
+    env)   env_args+=(MASTER_ADDR=$master_addr MASTER_PORT=$port WORLD_SIZE=$nproc RANK=$as_rank
                      LOCAL_RANK=$as_rank LOCAL_WORLD_SIZE=$nproc) ;;
     tcp)   env_args+=(RANK=$as_rank WORLD_SIZE=$nproc); init_arg=(--init "tcp://127.0.0.1:$port") ;;
+    tcp6)  env_args+=(RANK=$as_rank WORLD_SIZE=$nproc); init_arg=(--init "tcp://[::1]:$port") ;;
+    env6)  env_args+=(MASTER_ADDR=::1 MASTER_PORT=$port WORLD_SIZE=$nproc RANK=$as_rank
+                     LOCAL_RANK=$as_rank LOCAL_WORLD_SIZE=$nproc) ;;
     file)  env_args+=(RANK=$as_rank WORLD_SIZE=$nproc); init_arg=(--init "file://$dir/rendezvous") ;;
     slurm) # what srun sets for one task; no MASTER_PORT: the port comes from the job id
            env_args+=(SLURM_PROCID=$as_rank SLURM_NTASKS=$nproc SLURM_LOCALID=$as_rank SLURM_NODEID=0
@@ -71,30 +107,36 @@ for ((rank = 0; rank < started; rank++)); do
   esac
   wrap=()
   if [[ ${RT_PRIVATE_SHM_RANK:-} == "$rank" ]]; then wrap=("${private_shm[@]}"); fi
+  if [[ $mode == offline_in_setup ]] && (( rank == 1 )); then wrap=("${offline[@]}"); fi
   env -u OMPI_COMM_WORLD_SIZE -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE "${env_args[@]}" \
     "${wrap[@]}" "$worker" --mode "$worker_mode" "${init_arg[@]}" "$@" >"$dir/out.$rank" 2>&1 &
   pids+=($!)
 done
-# Does process $1 own a listening TCP socket? (its socket inodes against /proc/net/tcp*)
+# Does process $1 own a listening TCP socket? (its socket inodes against the TCP
+# tables of its own network namespace)
 listens() {
   local inode
   for inode in $(find "/proc/$1/fd" -lname 'socket:*' -printf '%l\n' 2>/dev/null | tr -dc '0-9\n'); do
     awk -v ino="$inode" '$4 == "0A" && $10 == ino {found = 1} END {exit !found}' \
-      /proc/net/tcp /proc/net/tcp6 2>/dev/null && return 0
+      "/proc/$1/net/tcp" "/proc/$1/net/tcp6" 2>/dev/null && return 0
   done
   return 1
 }
-if [[ $mode == killed_in_setup ]]; then
+if [[ $mode == *_in_setup ]]; then
   for ((i = 0; i < 300; i++)); do
     listens "${pids[1]}" && break
     sleep 0.1
   done
   if ! listens "${pids[1]}"; then echo "FAIL: rank 1 never reached the ring mesh setup"; cat "$dir"/out.*; exit 1; fi
-  kill -9 "${pids[1]}"
+  # killed: the process ends; offline: its replies go nowhere (a blackhole route in its
+  # namespace), so to this side it is a host that fell silent, with the link still up
+  if [[ $mode == killed_in_setup ]]; then kill -9 "${pids[1]}"; else nsenter -t "$holder" -n ip route add blackhole "$master_addr/32"; fi
 fi
 start=$(date +%s)
 status=0
 for ((rank = 0; rank < started; rank++)); do
+  # offline_in_setup: rank 1 is alive behind its dead link; it is stopped below
+  if [[ $mode == offline_in_setup ]] && (( rank == 1 )); then continue; fi
   # wait for each rank, but never beyond the overall budget
   while kill -0 "${pids[$rank]}" 2>/dev/null; do
     if (( $(date +%s) - start > max_seconds )); then
@@ -104,6 +146,7 @@ for ((rank = 0; rank < started; rank++)); do
   done
   wait "${pids[$rank]}"; codes[$rank]=$?
 done
+if [[ $mode == offline_in_setup ]]; then kill -9 "${pids[1]}" 2>/dev/null; wait "${pids[1]}"; codes[1]=$?; fi
 elapsed=$(( $(date +%s) - start ))
 for ((rank = 0; rank < started; rank++)); do
   echo "--- rank $rank (exit ${codes[$rank]})"; cat "$dir/out.$rank"
