@@ -391,8 +391,18 @@ int tcp_keepalive_seconds() {
   return static_cast<int>(seconds);
 }
 
+// The setting for a socket: a bad value (init_process_group reports it) gives the
+// default here, since sockets are also made on the store's own threads.
+int keepalive_seconds_or_default() {
+  try {
+    return tcp_keepalive_seconds();
+  } catch (const CommError&) {
+    return 60;
+  }
+}
+
 void enable_keepalive(int fd) {
-  const int total = tcp_keepalive_seconds();
+  const int total = keepalive_seconds_or_default();
   if (total == 0) return;
   const int one = 1;
   const int idle = std::max(1, total / 2);
@@ -405,7 +415,7 @@ void enable_keepalive(int fd) {
 }
 
 void limit_unacknowledged_time(int fd) {
-  const unsigned milliseconds = static_cast<unsigned>(tcp_keepalive_seconds()) * 1000u;
+  const unsigned milliseconds = static_cast<unsigned>(keepalive_seconds_or_default()) * 1000u;
   if (milliseconds == 0) return;
   SYS_CHECK(setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &milliseconds, sizeof(milliseconds)));
 }

@@ -79,7 +79,9 @@ class Socket {
 // idle connection, and the connection then fails like a closed one (SocketClosed:
 // "... timed out"). The kernel answers the probes, so a live process that is
 // merely busy, stopped or slow is never taken for dead. Throws CommError for a
-// value that is not a whole number of seconds.
+// value that is not a whole number of seconds (init_process_group calls it first;
+// the socket functions below use 60 for such a value rather than throw, since they
+// also run on the store's threads).
 int tcp_keepalive_seconds();
 // Sets SO_KEEPALIVE with idle = T/2, 5 probes T/10 apart (T = tcp_keepalive_seconds()).
 void enable_keepalive(int fd);
