@@ -205,7 +205,8 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   RT_CHECK(options.backend == "ring" || options.backend == "mpi" || options.backend == "nccl",
            "init_process_group: unknown backend '", options.backend, "' (ring, mpi or nccl)");
   // Read by every socket as it connects; a bad value is an error here, on the caller's
-  // thread, not in the store's accept thread (where the sockets fall back to 60 s).
+  // thread (the socket functions themselves fall back to 60 s, since the store's
+  // accept thread makes sockets too).
   tcp_keepalive_seconds();
 
   // ---- the store: on world rank 0, every rank connected to it

@@ -345,7 +345,7 @@ LaunchInfo parse_url_method(const std::string& url, const EnvMap& env, int rank,
   info.local_world_size = has(env, "LOCAL_WORLD_SIZE") ? env_int(env, "LOCAL_WORLD_SIZE", 1, 1 << 20, hint) : world_size;
   if (url.rfind("tcp://", 0) == 0) {
     // host: a name, an IPv4 address, or an IPv6 address in brackets (tcp://[fd00::2]:29500)
-    static const std::regex kHostPort(R"(tcp://(\[[0-9A-Fa-f:.%a-zA-Z]+\]|[^:/\[\]]+):(\d+)/?)");
+    static const std::regex kHostPort(R"(tcp://(\[[^\]/]+\]|[^:/\[\]]+):(\d+)/?)");
     std::smatch match;
     if (!std::regex_match(url, match, kHostPort)) {
       throw CommError("init method '" + url + "' is not tcp://host:port (an IPv6 address in brackets: "

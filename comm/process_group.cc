@@ -538,7 +538,7 @@ void leave_last_will(Store& store, int world_rank) {
   const std::string message = detail::concat(
       "rank ", world_rank, " (pid ", getpid(), " on ", local_hostname(),
       ") ended without closing its connection to the store: it was killed (kill -9, the OOM killer, "
-      "a time limit), crashed, or its host went down or off the network");
+      "a time limit), crashed, or its host went down or off the network (or the connection itself broke)");
   json record{{"rank", world_rank}, {"kind", "exited"}, {"message", message}, {"dead_rank", world_rank}};
   store.set_last_will(error_key(world_rank), record.dump());
 }

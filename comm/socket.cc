@@ -383,9 +383,10 @@ int tcp_keepalive_seconds() {
   char* end = nullptr;
   errno = 0;
   const long seconds = std::strtol(text, &end, 10);
-  if (*end != '\0' || errno != 0 || seconds < 0 || seconds > 86400 || !std::isdigit(static_cast<unsigned char>(*text))) {
+  // At most 32767: Linux refuses a keepalive idle time (T/2) or interval above that.
+  if (*end != '\0' || errno != 0 || seconds < 0 || seconds > 32767 || !std::isdigit(static_cast<unsigned char>(*text))) {
     throw CommError(detail::concat("RINGTRAIN_TCP_KEEPALIVE_SEC='", text,
-                                   "' is not a whole number of seconds in [0, 86400]; unset it (60) or give "
+                                   "' is not a whole number of seconds in [0, 32767]; unset it (60) or give "
                                    "one such as 30, or 0 for no keepalive"));
   }
   return static_cast<int>(seconds);

@@ -122,10 +122,19 @@ void StoreServer::accept_loop() {
     if (rc <= 0 || stopping_) continue;
     if (pfd.revents & (POLLERR | POLLHUP | POLLNVAL)) break;
     int error = 0;
-    std::optional<Socket> client = listener_.accept_queued(&error);
-    // a client whose host vanished must fail this connection (its last will), also
-    // with a reply of ours still unacknowledged
-    if (client) limit_unacknowledged_time(client->fd());
+    std::optional<Socket> client;
+    try {
+      client = listener_.accept_queued(&error);
+      // a client whose host vanished must fail this connection (its last will), also
+      // with a reply of ours still unacknowledged
+      if (client) limit_unacknowledged_time(client->fd());
+    } catch (const std::exception& e) {
+      // setting up this one connection failed (a socket option refused): drop it, and
+      // go on serving the others; an exception here would end the process
+      std::cerr << "ringtrain: store on port " << port_ << " dropped a connection it could not set up: "
+                << e.what() << "\n";
+      continue;
+    }
     if (!client) {
       if (error == EMFILE || error == ENFILE) {
         // The connection stays queued and poll() keeps saying so: without a pause
@@ -188,11 +197,22 @@ void StoreServer::serve(uint64_t client_id) {
     ~CarryOutWill() {
       if (!will || server->stopping_) return;
       std::lock_guard<std::mutex> lock(server->mutex_);
-      auto& data = server->data_;
-      const std::string count_key = will->first + "/count";
-      const int64_t index = data.count(count_key) ? std::stoll(data[count_key]) : 0;
-      data[count_key] = std::to_string(index + 1);
-      data[detail::concat(will->first, "/", index)] = will->second;
+      try {
+        auto& data = server->data_;
+        const std::string count_key = will->first + "/count";
+        int64_t index = 0;
+        if (auto it = data.find(count_key); it != data.end()) {
+          try {
+            index = std::stoll(it->second);
+          } catch (const std::exception&) {
+            index = 0;  // not a count (someone set() it): the will goes first
+          }
+        }
+        data[count_key] = std::to_string(index + 1);
+        data[detail::concat(will->first, "/", index)] = will->second;
+      } catch (const std::exception&) {
+        // out of memory: a destructor must not throw, and the store must go on serving
+      }
       server->changed_.notify_all();
     }
   } carry_out_will{this, will};
@@ -215,8 +235,14 @@ void StoreServer::serve(uint64_t client_id) {
                         : read_message(*socket, hello_deadline, kMaxHelloBytes);
     } catch (const SocketClosed&) {
       return;
+    } catch (const CommTimeoutError& e) {
+      // half a message, then silence (its host may be gone): the will stands
+      if (stopping_) return;
+      reject(e.what());
+      return;
     } catch (const std::exception& e) {
       if (stopping_) return;
+      will.reset();  // refused on purpose (a malformed frame): no death to report
       reject(e.what());
       return;
     }
@@ -269,15 +295,30 @@ void StoreServer::serve(uint64_t client_id) {
       } else if (op == "add") {
         int64_t value = 0;
         auto it = data_.find(key);
-        if (it != data_.end()) value = std::stoll(it->second);
-        value += message.at("number").get<int64_t>();
-        data_[key] = std::to_string(value);
-        reply["number"] = value;
-        changed_.notify_all();
+        bool is_number = true;
+        if (it != data_.end()) {
+          try {
+            size_t used = 0;
+            value = std::stoll(it->second, &used);
+            is_number = used == it->second.size();
+          } catch (const std::exception&) {
+            is_number = false;
+          }
+        }
+        if (is_number) {
+          value += message.at("number").get<int64_t>();
+          data_[key] = std::to_string(value);
+          reply["number"] = value;
+          changed_.notify_all();
+        } else {
+          // the caller's mistake, not a broken connection: an error reply, and go on
+          reply = json{{"ok", false}, {"error", detail::concat("add: the value under '", key, "' is not an integer")}};
+        }
       } else if (op == "remove") {
         data_.erase(key);
       } else {
         lock.unlock();
+        will.reset();  // refused on purpose: no death to report
         reject("store: unknown op '" + op + "'");
         return;
       }
@@ -286,6 +327,7 @@ void StoreServer::serve(uint64_t client_id) {
     } catch (const SocketClosed&) {
       return;
     } catch (const std::exception& e) {
+      will.reset();  // refused on purpose: no death to report
       reject(std::string("store: malformed request: ") + e.what());
       return;
     }
@@ -352,10 +394,15 @@ std::string Store::request(const std::string& op, const std::string& key,
   if (op == "set" || op == "will") message["value"] = binary_value(value);
   if (op == "add") message["number"] = number;
   if (op == "get") message["timeout_ms"] = timeout.count();
+  // Refused here, before anything is sent: a throw inside the exchange below breaks
+  // the connection for good, and the store would take this rank for dead.
+  RT_CHECK(value.size() + key.size() + 64 <= kMaxStoreMessageBytes, "store ", op, " '", key, "': ",
+           value.size(), " bytes exceed the store's limit of ", kMaxStoreMessageBytes, " bytes per message");
   std::lock_guard<FifoLock> lock(connection_lock_);
   if (!broken_.empty()) {
-    throw CommError(detail::concat("store ", op, " '", key, "': the connection to the store at ", host_, ":",
-                                   port_, " is unusable since an earlier request failed midway (", broken_, ")"));
+    throw CommError(detail::concat("store ", op, " '", key, "': the connection to the store at ",
+                                   host_port(host_, port_), " is unusable since an earlier request failed midway (",
+                                   broken_, ")"));
   }
   Deadline deadline = Clock::now() + timeout + kIoTimeout;
   json reply;

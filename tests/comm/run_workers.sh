@@ -33,6 +33,7 @@ set -u
 worker=$1 nproc=$2 init=$3 mode=$4 expect=$5 max_seconds=$6
 shift 6
 dir=$(mktemp -d)
+pids=()
 trap 'kill -9 ${pids[*]} 2>/dev/null; rm -rf "$dir"' EXIT
 # a port nobody uses right now
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("",0)); print(s.getsockname()[1])')
@@ -60,7 +61,14 @@ if [[ $mode == offline_in_setup ]]; then
   fi
   unshare -n sleep 600 & holder=$!
   trap 'kill -9 ${pids[*]} $holder 2>/dev/null; ip link del $link 2>/dev/null; rm -rf "$dir"' EXIT
-  sleep 0.2
+  # until the holder is in its own namespace (else the veth end would land in ours)
+  for ((i = 0; i < 100; i++)); do
+    [[ $(readlink "/proc/$holder/ns/net" 2>/dev/null) != "$(readlink /proc/$$/ns/net)" ]] && break
+    sleep 0.05
+  done
+  if ! kill -0 "$holder" 2>/dev/null || [[ $(readlink "/proc/$holder/ns/net") == "$(readlink /proc/$$/ns/net)" ]]; then
+    echo "SKIP: cannot make a network namespace here (unshare -n)"; exit 77
+  fi
   if ! { ip link add "$link" type veth peer name "${link}p" netns "$holder" &&
          ip addr add "$subnet.1/30" dev "$link" && ip link set "$link" up &&
          nsenter -t "$holder" -n sh -c "ip addr add $subnet.2/30 dev ${link}p && ip link set ${link}p up && ip link set lo up"; } 2>"$dir/ip.err"; then
@@ -130,7 +138,11 @@ if [[ $mode == *_in_setup ]]; then
   if ! listens "${pids[1]}"; then echo "FAIL: rank 1 never reached the ring mesh setup"; cat "$dir"/out.*; exit 1; fi
   # killed: the process ends; offline: its replies go nowhere (a blackhole route in its
   # namespace), so to this side it is a host that fell silent, with the link still up
-  if [[ $mode == killed_in_setup ]]; then kill -9 "${pids[1]}"; else nsenter -t "$holder" -n ip route add blackhole "$master_addr/32"; fi
+  if [[ $mode == killed_in_setup ]]; then
+    kill -9 "${pids[1]}"
+  elif ! nsenter -t "$holder" -n ip route add blackhole "$master_addr/32"; then
+    echo "FAIL: could not cut rank 1 off (ip route add blackhole in its namespace)"; exit 1
+  fi
 fi
 start=$(date +%s)
 status=0

@@ -78,31 +78,79 @@ TEST(Store, ALongGetLeavesTheConnectionToOtherThreads) {
   waiter.join();
 }
 
+// A client speaking the store protocol by hand, so that a test can end its
+// connection the way a killed process does: no goodbye, just closed.
+class RawClient {
+ public:
+  RawClient(int port, const std::string& token) : socket_(Socket::connect("127.0.0.1", port, Clock::now() + 2s)) {
+    EXPECT_TRUE(ask({{"op", "hello"}, {"token", token}}).value("ok", false));
+  }
+  nlohmann::json ask(const nlohmann::json& message) {
+    std::vector<uint8_t> body = nlohmann::json::to_msgpack(message);
+    const uint32_t length = static_cast<uint32_t>(body.size());
+    uint8_t header[4] = {static_cast<uint8_t>(length), static_cast<uint8_t>(length >> 8),
+                         static_cast<uint8_t>(length >> 16), static_cast<uint8_t>(length >> 24)};
+    socket_.send_all(header, 4, Clock::now() + 2s);
+    socket_.send_all(body.data(), body.size(), Clock::now() + 2s);
+    socket_.recv_all(header, 4, Clock::now() + 2s);
+    std::vector<uint8_t> reply(header[0] | (header[1] << 8) | (header[2] << 16) | (header[3] << 24));
+    socket_.recv_all(reply.data(), reply.size(), Clock::now() + 2s);
+    return nlohmann::json::from_msgpack(reply);
+  }
+  void close() { socket_.close(); }  // as the kernel closes a killed process's sockets
+
+ private:
+  Socket socket_;
+};
+
+nlohmann::json binary(const std::string& text) {
+  return nlohmann::json::binary(std::vector<uint8_t>(text.begin(), text.end()));
+}
+
 // The last will: carried out when the connection ends without a goodbye (the process
 // was killed), dropped when the Store is destroyed (a clean end), and appended to the
 // list, after what the client itself published there.
-TEST(Store, LastWillIsCarriedOutWhenTheClientIsKilled) {
+TEST(Store, LastWillIsCarriedOutWhenTheConnectionEndsWithoutAGoodbye) {
   StoreServer server("127.0.0.1", 0, "t");
   Store observer("127.0.0.1", server.port(), "t");
   observer.set("list/count", "1");  // one record the client published itself
   observer.set("list/0", "its own error");
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    Store store("127.0.0.1", server.port(), "t");
-    store.set_last_will("list", "killed: no goodbye");
-    store.set("will_left", "1");
-    raise(SIGKILL);  // no destructor, no goodbye
-    _exit(1);
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFSIGNALED(status));
-  ASSERT_EQ(observer.get("will_left", 5s), "1");
-  // The server notices the closed connection within a poll slice (200 ms).
+  RawClient client(server.port(), "t");
+  EXPECT_TRUE(client.ask({{"op", "will"}, {"key", "list"}, {"value", binary("killed: no goodbye")}}).value("ok", false));
+  std::this_thread::sleep_for(300ms);
+  EXPECT_FALSE(observer.try_get("list/1").has_value()) << "carried out while the client lives";
+  client.close();
+  // The server notices the closed connection at once (poll wakes on the EOF).
   EXPECT_EQ(observer.get("list/1", 5s), "killed: no goodbye");
   EXPECT_EQ(observer.get("list/count", 1s), "2");
   EXPECT_EQ(observer.get("list/0", 1s), "its own error");
+}
+
+// A request the server refuses on purpose is no death, and a caller's mistake (an add
+// on a value that is not a number, a value over the message limit) does not even cost
+// the connection: the rank lives on, and its will stays unused.
+TEST(Store, MistakesAreErrorsThatNeitherBreakTheConnectionNorCarryOutTheWill) {
+  StoreServer server("127.0.0.1", 0, "t");
+  Store observer("127.0.0.1", server.port(), "t");
+  {
+    Store store("127.0.0.1", server.port(), "t");
+    store.set_last_will("list", "should not appear");
+    store.set("text", "abc");
+    try {
+      store.add("text", 1);
+      ADD_FAILURE() << "add on a non-number succeeded";
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("is not an integer"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(store.set("big", std::string(kMaxStoreMessageBytes, 'x')), Error);
+    store.set("after", "still connected");
+    EXPECT_EQ(observer.get("after", 1s), "still connected");
+  }
+  RawClient bad(server.port(), "t");
+  bad.ask({{"op", "will"}, {"key", "list"}, {"value", binary("refused, not dead")}});
+  EXPECT_FALSE(bad.ask({{"op", "frobnicate"}, {"key", "x"}}).value("ok", true));  // refused, closed
+  std::this_thread::sleep_for(500ms);
+  EXPECT_FALSE(observer.try_get("list/count").has_value());
 }
 
 TEST(Store, LastWillIsDroppedWhenTheStoreIsDestroyed) {
@@ -378,7 +426,7 @@ TEST(Socket, KeepaliveIsSetOnBothEndsFromTheVariable) {
     Socket client = Socket::connect("127.0.0.1", listener.local_port(), deadline());
     EXPECT_EQ(option(client, SOL_SOCKET, SO_KEEPALIVE), 0);
   }
-  for (const char* bad : {"-1", "1m", " 30", "99999999999999999999"}) {
+  for (const char* bad : {"-1", "1m", " 30", "32768", "99999999999999999999"}) {
     setenv("RINGTRAIN_TCP_KEEPALIVE_SEC", bad, 1);
     try {
       tcp_keepalive_seconds();
