@@ -83,9 +83,24 @@ std::string random_token() {
   return text;
 }
 
-// True when nothing listens on the port yet (rank 0's store will bind it).
+// True when nothing listens on the port yet (rank 0's store will bind it). Tried the
+// way the store binds: one dual-stack socket (IPv6 and IPv4), IPv4 alone where the
+// kernel has no IPv6.
 bool port_is_free(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  int fd = ::socket(AF_INET6, SOCK_STREAM, 0);
+  if (fd >= 0) {
+    int zero = 0, one = 1;
+    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in6 addr{};
+    addr.sin6_family = AF_INET6;
+    addr.sin6_port = htons(static_cast<uint16_t>(port));
+    addr.sin6_addr = in6addr_any;
+    const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    ::close(fd);
+    return free;
+  }
+  fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return true;
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -93,7 +108,7 @@ bool port_is_free(int port) {
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
   ::close(fd);
   return free;
 }
