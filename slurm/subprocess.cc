@@ -158,11 +158,20 @@ ProcessResult run_process(const std::vector<std::string>& argv, std::chrono::mil
   std::vector<char*> args;
   for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
   args.push_back(nullptr);
-  // Its own process group, so that a timeout kills what it started too.
+  // Its own process group, so that a timeout kills what it started too. The signals
+  // SLURM sends a job's processes as warnings (the walltime signal, USR1 or USR2, and
+  // TERM before the kill) are blocked in it: SLURM signals every process of the step,
+  // this child included, and may signal twice (a retried RPC under load); an
+  // `scontrol requeue` killed midway by the walltime signal that asked for it lost a
+  // job its requeue. SIGKILL, and the timeout below, still end it.
+  sigset_t child_mask;
+  pthread_sigmask(SIG_BLOCK, nullptr, &child_mask);
+  for (int signal : {SIGUSR1, SIGUSR2, SIGTERM}) sigaddset(&child_mask, signal);
   posix_spawnattr_t attributes;
   posix_spawnattr_init(&attributes);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK);
   posix_spawnattr_setpgroup(&attributes, 0);
+  posix_spawnattr_setsigmask(&attributes, &child_mask);
   pid_t pid = -1;
   int rc = ::posix_spawnp(&pid, program.c_str(), &actions, &attributes, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);

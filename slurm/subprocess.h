@@ -48,6 +48,8 @@ struct ProcessResult {
 // Throws SlurmError when the program cannot be started (its name and the reason: "not
 // found in PATH", ...).
 // A non-zero exit is not an error here: the caller decides (see exit_code).
+// SIGUSR1, SIGUSR2 and SIGTERM are blocked in the child (SLURM's warning signals reach
+// every process of a job step: a helper mid-request finishes it).
 ProcessResult run_process(const std::vector<std::string>& argv,
                           std::chrono::milliseconds timeout = std::chrono::seconds(60));
 

@@ -3,6 +3,7 @@
 #include "slurm/requeue.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -367,6 +368,17 @@ TEST(Subprocess, CapturesOutputExitCodeAndTimesOut) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));  // killed, not waited
   EXPECT_THROW(run_process({"ringtrain-no-such-program"}), SlurmError);
   EXPECT_EQ(scontrol_command({}), "scontrol");
+}
+
+// SLURM's warning signals reach every process of the step, a running `scontrol requeue`
+// included, and may come twice: one killed scontrol (exit 138, SIGUSR1) once cost a job
+// its requeue. The helper finishes its request; SIGKILL (the timeout) still ends it.
+TEST(Subprocess, TheWalltimeSignalsDoNotKillAHelperMidRequest) {
+  ProcessResult result = run_process({"sh", "-c", "kill -USR1 $$; kill -USR2 $$; kill -TERM $$; echo finished"});
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_EQ(result.output, "finished\n");
+  result = run_process({"sh", "-c", "kill -KILL $$; echo not reached"});
+  EXPECT_EQ(result.exit_code, 128 + SIGKILL);
 }
 
 // A wrapper (RINGTRAIN_SCONTROL, RINGTRAIN_SBATCH) that exits at once but leaves a background
