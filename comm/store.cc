@@ -61,6 +61,17 @@ json read_message(const Socket& socket, Deadline deadline,
   return message;
 }
 
+// The integer `text` spells out whole (what add() keeps under a key), or nullopt.
+std::optional<int64_t> whole_integer(const std::string& text) {
+  try {
+    size_t used = 0;
+    const int64_t value = std::stoll(text, &used);
+    if (used == text.size()) return value;
+  } catch (const std::exception&) {
+  }
+  return std::nullopt;
+}
+
 json binary_value(const std::string& value) {
   return json::binary(std::vector<uint8_t>(value.begin(), value.end()));
 }
@@ -202,11 +213,7 @@ void StoreServer::serve(uint64_t client_id) {
         const std::string count_key = will->first + "/count";
         int64_t index = 0;
         if (auto it = data.find(count_key); it != data.end()) {
-          try {
-            index = std::stoll(it->second);
-          } catch (const std::exception&) {
-            index = 0;  // not a count (someone set() it): the will goes first
-          }
+          index = whole_integer(it->second).value_or(0);  // not a count (someone set() it): the will goes first
         }
         data[count_key] = std::to_string(index + 1);
         data[detail::concat(will->first, "/", index)] = will->second;
@@ -293,20 +300,10 @@ void StoreServer::serve(uint64_t client_id) {
         if (it != data_.end()) reply["value"] = binary_value(it->second);
         else reply["found"] = false;
       } else if (op == "add") {
-        int64_t value = 0;
         auto it = data_.find(key);
-        bool is_number = true;
-        if (it != data_.end()) {
-          try {
-            size_t used = 0;
-            value = std::stoll(it->second, &used);
-            is_number = used == it->second.size();
-          } catch (const std::exception&) {
-            is_number = false;
-          }
-        }
-        if (is_number) {
-          value += message.at("number").get<int64_t>();
+        const std::optional<int64_t> old_value = it == data_.end() ? std::optional<int64_t>(0) : whole_integer(it->second);
+        if (old_value) {
+          const int64_t value = *old_value + message.at("number").get<int64_t>();
           data_[key] = std::to_string(value);
           reply["number"] = value;
           changed_.notify_all();

@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <csignal>
 #include <ctime>
 #include <nlohmann/json.hpp>
 #include <optional>
