@@ -211,10 +211,15 @@ LaunchInfo parse_env_method(const EnvMap& env) {
   info.node_rank = has(env, "GROUP_RANK")  ? env_int(env, "GROUP_RANK", 0, 1 << 20, hint)
                    : has(env, "NODE_RANK") ? env_int(env, "NODE_RANK", 0, 1 << 20, hint)
                                            : info.rank / info.local_world_size;
+  // The token tells this job's connections from another's on the same port. MASTER_ADDR
+  // is left out: every rank that reaches the store reached the same host, whatever name
+  // or address it was given for it (node1, node1.cluster, 10.0.0.1), and spellings that
+  // differ between ranks must not look like another job. The ring mesh adds a nonce
+  // of rank 0's (peer_mesh.cc), so two jobs whose masters share only the port stay apart.
   info.token = has(env, "RINGTRAIN_JOB_TOKEN")
                    ? get(env, "RINGTRAIN_JOB_TOKEN")
-                   : detail::concat("env:", info.master_addr, ":", info.master_port, ":",
-                                    info.world_size, ":", get(env, "TORCHELASTIC_RUN_ID"));
+                   : detail::concat("env:", info.master_port, ":", info.world_size, ":",
+                                    get(env, "TORCHELASTIC_RUN_ID"));
   return info;
 }
 
@@ -361,7 +366,7 @@ LaunchInfo parse_url_method(const std::string& url, const EnvMap& env, int rank,
     }
     info.master_port = static_cast<int>(port);
     info.token = has(env, "RINGTRAIN_JOB_TOKEN") ? get(env, "RINGTRAIN_JOB_TOKEN")
-                                                 : detail::concat("tcp:", url, ":", world_size);
+                                                 : detail::concat("tcp:", port, ":", world_size);  // not the host's spelling (see env://)
   } else if (url.rfind("file://", 0) == 0) {
     info.method = "file";
     info.file_path = url.substr(7);

@@ -14,6 +14,7 @@
 #include <immintrin.h>
 #endif
 
+#include "comm/init.h"
 #include "comm/reduce.h"
 #include "comm/shm_segment.h"
 #include "comm/transport.h"
@@ -121,6 +122,11 @@ PeerMesh::PeerMesh(Store& store, const std::string& prefix, int rank, int size,
   json me{{"addr", store.local_address()}, {"port", listener.local_port()},
           {"host", host_identity()}, {"pid", static_cast<int>(getpid())},
           {"settings", transport_settings(transport, layout)}};
+  // Rank 0's nonce joins the job token in the mesh handshake: a token derived from the
+  // launch variables (port, world size) is the same for two jobs whose masters are
+  // different hosts that happen to share MASTER_PORT, and a mesh port freed by one job
+  // and taken by the other must not let the two meet.
+  if (rank == 0) me["nonce"] = random_job_token();
   store.set(prefix + "/mesh/" + std::to_string(rank), me.dump());
   std::vector<json> info(size);
   for (int r = 0; r < size; ++r) {
@@ -153,7 +159,8 @@ PeerMesh::PeerMesh(Store& store, const std::string& prefix, int rank, int size,
 
   // 2. Full mesh: connect to every lower rank, accept every higher one. Connections
   //    only go downwards, so no two ranks wait on each other's accept.
-  const Handshake mine{kHandshakeMagic, static_cast<uint32_t>(rank), fnv1a(token), fnv1a(prefix)};
+  const std::string job_token = token + "|" + info[0].value("nonce", std::string());
+  const Handshake mine{kHandshakeMagic, static_cast<uint32_t>(rank), fnv1a(job_token), fnv1a(prefix)};
   for (int peer = 0; peer < rank; ++peer) {
     const std::string addr = info[peer]["addr"].get<std::string>();
     const std::string waiting_for = detail::concat("rank ", world_ranks[peer], " to accept its mesh connection");

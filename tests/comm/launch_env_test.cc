@@ -63,6 +63,22 @@ TEST(EnvMethod, ReadsTorchrunVariables) {
   EXPECT_FALSE(info.token.empty());
 }
 
+// The derived token keeps jobs on different ports, or of different sizes, apart, but
+// not ranks that name the same master differently.
+TEST(EnvMethod, DerivedTokenIgnoresHowTheMasterIsNamed) {
+  EnvMap env = torchrun_env();
+  const std::string token = parse_env_method(env).token;
+  env["MASTER_ADDR"] = "node1.cluster";
+  EXPECT_EQ(parse_env_method(env).token, token);
+  env["MASTER_PORT"] = "29501";
+  EXPECT_NE(parse_env_method(env).token, token);
+  env["MASTER_PORT"] = "29500";
+  env["WORLD_SIZE"] = "16";
+  EXPECT_NE(parse_env_method(env).token, token);
+  EXPECT_EQ(parse_url_method("tcp://localhost:29500", env, 0, 4).token,
+            parse_url_method("tcp://[::1]:29500", env, 0, 4).token);
+}
+
 // Under torchrun's agent store the port is torchrun's: named at once, with what to do,
 // instead of "port in use, set MASTER_PORT to a free port".
 TEST(EnvMethod, TorchrunsAgentStoreIsNamedNotMistakenForABusyPort) {

@@ -3,7 +3,9 @@
 #
 # Starts NPROC ranks of WORKER by hand with the environment a real launcher
 # would set for INIT (env | tcp | file | slurm; env6 and tcp6: the master at the
-# IPv6 loopback ::1, skipped (77) where there is none), waits at most MAX_SECONDS, and
+# IPv6 loopback ::1, skipped (77) where there is none; env_names and tcp_names: no
+# RINGTRAIN_JOB_TOKEN, and rank 1 names the master "localhost" where the others say
+# 127.0.0.1, as a hand-written multi-node launch may), waits at most MAX_SECONDS, and
 # checks the outcome for MODE:
 #   check:            every rank exits 0 and prints "ok"
 #   kill|throw|mismatch: every rank except the victim (rank 1) exits non-zero
@@ -92,6 +94,11 @@ started=$nproc
 [[ $mode == *_in_setup ]] && started=$((nproc - 1))
 for ((rank = 0; rank < started; rank++)); do
   env_args=(RINGTRAIN_JOB_TOKEN=$token)
+  master_name=$master_addr
+  if [[ $init == *_names ]]; then
+    env_args=()
+    (( rank == 1 )) && master_name=localhost
+  fi
   if (( rank == 1 )) && [[ -n ${RT_VICTIM_ENV:-} ]]; then
     read -ra victim_env <<< "$RT_VICTIM_ENV"
     env_args+=("${victim_env[@]}")
@@ -103,6 +110,9 @@ for ((rank = 0; rank < started; rank++)); do
     env)   env_args+=(MASTER_ADDR=$master_addr MASTER_PORT=$port WORLD_SIZE=$nproc RANK=$as_rank
                      LOCAL_RANK=$as_rank LOCAL_WORLD_SIZE=$nproc) ;;
     tcp)   env_args+=(RANK=$as_rank WORLD_SIZE=$nproc); init_arg=(--init "tcp://127.0.0.1:$port") ;;
+    env_names) env_args+=(MASTER_ADDR=$master_name MASTER_PORT=$port WORLD_SIZE=$nproc RANK=$as_rank
+                         LOCAL_RANK=$as_rank LOCAL_WORLD_SIZE=$nproc) ;;
+    tcp_names) env_args+=(RANK=$as_rank WORLD_SIZE=$nproc); init_arg=(--init "tcp://$master_name:$port") ;;
     tcp6)  env_args+=(RANK=$as_rank WORLD_SIZE=$nproc); init_arg=(--init "tcp://[::1]:$port") ;;
     env6)  env_args+=(MASTER_ADDR=::1 MASTER_PORT=$port WORLD_SIZE=$nproc RANK=$as_rank
                      LOCAL_RANK=$as_rank LOCAL_WORLD_SIZE=$nproc) ;;
