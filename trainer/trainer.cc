@@ -438,6 +438,15 @@ FitResult Trainer::run_fit(TrainingModule& module, std::shared_ptr<const data::D
                     info->stem.c_str(), (long long)start_epoch, (long long)global_step, (long long)skip_batches);
     }
   }
+  // A requeued job (SLURM_RESTART_COUNT > 0) that finds nothing to resume from starts
+  // over; say so, since the usual cause is a checkpoint_dir the new nodes do not share.
+  if (global_zero && env.restart_count > 0 && result.resumed_from.empty() && o.resume != "never")
+    std::fprintf(stderr,
+                 "trainer: warning: this job was requeued %d time(s) (SLURM_RESTART_COUNT) but %s, so it starts "
+                 "from step 0; give it a checkpoint_dir on a file system every node shares\n",
+                 env.restart_count,
+                 o.checkpoint_dir.empty() ? "has no checkpoint_dir"
+                                          : ("'" + o.checkpoint_dir + "' holds no checkpoint").c_str());
   if (global_zero)
     std::printf("trainer: %s | strategy %s | device %s | precision %s | world %d\n", env.describe().c_str(),
                 o.strategy.c_str(), device.str().c_str(), o.precision.c_str(), world);
@@ -458,6 +467,19 @@ FitResult Trainer::run_fit(TrainingModule& module, std::shared_ptr<const data::D
   // A requeue/termination decision (the same on every rank): save (when there is
   // something new), meet, requeue on SIGUSR1 inside a SLURM job, and leave.
   auto stop_for_signal = [&](slurm::RequeueDecision decision, bool save_first, int64_t epoch, int64_t index) {
+    // The walltime signal with no checkpoint_dir: a requeued run would have nothing to
+    // resume from and start again at step 0, to be stopped again at its walltime, for
+    // as long as the job may be requeued. So stop without requeueing (fit() returns,
+    // and the program may still save the model it holds) and say how to resume.
+    if (decision == slurm::RequeueDecision::kCheckpointAndRequeue && !checkpoints) {
+      if (global_zero)
+        std::printf("\ntrainer: the walltime signal (%s) arrived at step %lld; no checkpoint_dir, so nothing was "
+                    "saved and the job is not requeued (it would start again from step 0); set checkpoint_dir "
+                    "to resume after the walltime\n",
+                    strsignal(watcher.requeue_signal()), (long long)global_step);
+      result.stopped_early = true;
+      return;
+    }
     // carry_out: rank 0 saves, everyone meets (the checkpoint is on disk before anyone
     // leaves), rank 0 requeues inside a SLURM job; a failure there aborts the group.
     slurm::RequeueAction action = coordinator.carry_out(decision, env, [&] {
@@ -552,6 +574,9 @@ FitResult Trainer::run_fit(TrainingModule& module, std::shared_ptr<const data::D
         done = true;
         break;
       }
+      // The last step of the last epoch likewise: validation and the final save follow.
+      // (Every rank has the same number of batches per epoch.)
+      if (epoch + 1 == max_epochs && index == batches) break;
       // Step boundary: did a signal arrive on any rank? (collective; every rank asks)
       slurm::RequeueDecision decision = coordinator.poll();
       if (decision != slurm::RequeueDecision::kContinue) {

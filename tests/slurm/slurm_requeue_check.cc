@@ -32,6 +32,9 @@ int main(int argc, char** argv) {
   app.add_option("--steps-after-resume", steps_after_resume, "steps the requeued run does");
   CLI11_PARSE(app, argc, argv);
   try {
+    // The watcher first: SLURM may send the walltime signal right after a (re)start,
+    // during rendezvous, and SIGUSR1's default action would kill the task (exit 138).
+    slurm::SignalWatcher watcher;  // SIGUSR1 + SIGTERM -> flags
     slurm::ClusterEnvironment env = slurm::detect_cluster_environment();
     std::shared_ptr<comm::ProcessGroup> group;
     if (env.is_distributed()) {
@@ -47,7 +50,6 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     const int end = env.restart_count > 0 ? start + steps_after_resume : max_steps;
 
-    slurm::SignalWatcher watcher;  // SIGUSR1 + SIGTERM -> flags
     slurm::RequeueCoordinator coordinator(watcher, group);
     for (int step = start; step < end; ++step) {
       std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));  // the "training step"

@@ -11,6 +11,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/common/outside_slurm.h"
+
 #include <chrono>
 #include <cstdio>
 #include <filesystem>

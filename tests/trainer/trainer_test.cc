@@ -14,6 +14,7 @@
 #include "nn/lr_scheduler.h"
 #include "tensor/ops.h"
 #include "tests/common/expect_error.h"
+#include "tests/common/outside_slurm.h"
 #include "tests/trainer/blobs.h"
 
 namespace ringtrain::trainer {
@@ -374,6 +375,93 @@ TEST(TrainerTest, SignalBeforeTheFirstStepStopsWithoutTraining) {
   EXPECT_TRUE(r.stopped_early);
   EXPECT_EQ(r.global_step, 0);
   EXPECT_FALSE(nn::CheckpointManager(dir.string()).latest_valid().has_value());
+  fs::remove_all(dir);
+}
+
+// Inside a SLURM job (SLURM_JOB_ID set) with a fake scontrol that records its arguments.
+class InsideASlurmJob {
+ public:
+  explicit InsideASlurmJob(const fs::path& dir, const char* restart_count = "0") : log_(dir / "scontrol.log") {
+    fs::create_directories(dir);
+    const fs::path fake = dir / "scontrol";
+    std::ofstream(fake) << "#!/bin/sh\necho \"$@\" >> '" << log_.string() << "'\n";
+    fs::permissions(fake, fs::perms::owner_all);
+    ::setenv("SLURM_JOB_ID", "77", 1);
+    ::setenv("SLURM_RESTART_COUNT", restart_count, 1);
+    ::setenv("RINGTRAIN_SCONTROL", fake.c_str(), 1);
+  }
+  ~InsideASlurmJob() {
+    ::unsetenv("SLURM_JOB_ID");
+    ::unsetenv("SLURM_RESTART_COUNT");
+    ::unsetenv("RINGTRAIN_SCONTROL");
+  }
+  std::string calls() const {
+    std::ifstream in(log_);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+ private:
+  fs::path log_;
+};
+
+// The walltime signal with no checkpoint_dir: a requeued run would start again from
+// step 0 (and be stopped again at its walltime, for as long as the job may be
+// requeued), so the job is not requeued; with a checkpoint_dir it is.
+TEST(TrainerTest, WithoutACheckpointDirTheWalltimeSignalStopsButDoesNotRequeue) {
+  fs::path dir = fresh_dir("rt_trainer_noreq");
+  InsideASlurmJob job(dir / "bin");
+  BlobClassifier m;
+  ::testing::internal::CaptureStdout();
+  FitResult r = Trainer(quiet({.max_epochs = 2, .batch_size = 16, .simulate_signal_at_step = 3})).fit(m, blobs(64, 1));
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_TRUE(r.stopped_early);
+  EXPECT_FALSE(r.requeued);
+  EXPECT_EQ(r.global_step, 3);
+  EXPECT_EQ(job.calls(), "");
+  EXPECT_NE(out.find("no checkpoint_dir, so nothing was saved and the job is not requeued"), std::string::npos) << out;
+
+  // the control: the same signal with somewhere to save requeues job 77
+  FitResult saved = Trainer(quiet({.max_epochs = 2, .batch_size = 16, .checkpoint_dir = (dir / "ckpt").string(),
+                                   .simulate_signal_at_step = 3}))
+                        .fit(m, blobs(64, 1));
+  EXPECT_TRUE(saved.requeued);
+  EXPECT_EQ(job.calls(), "requeue 77\n");
+  fs::remove_all(dir);
+}
+
+// A signal caught at the last step of the last epoch: the run is finished, so it is
+// validated and saved as usual and neither stopped early nor requeued.
+TEST(TrainerTest, ASignalAtTheVeryLastStepFinishesTheRun) {
+  fs::path dir = fresh_dir("rt_trainer_laststep");
+  InsideASlurmJob job(dir / "bin");
+  BlobClassifier m;
+  FitResult r = Trainer(quiet({.max_epochs = 1, .batch_size = 16, .checkpoint_dir = (dir / "ckpt").string(),
+                               .simulate_signal_at_step = 4}))
+                    .fit(m, blobs(64, 1), blobs(32, 2));  // 4 steps in all
+  EXPECT_FALSE(r.stopped_early);
+  EXPECT_FALSE(r.requeued);
+  EXPECT_EQ(r.epochs_completed, 1);
+  EXPECT_EQ(job.calls(), "");
+  EXPECT_TRUE(r.last_validation.count("count")) << "the final validation ran";
+  fs::remove_all(dir);
+}
+
+// A requeued job that finds nothing to resume from says so (a checkpoint_dir on a
+// node-local disk, say) instead of silently starting over.
+TEST(TrainerTest, ARequeuedJobWithNothingToResumeFromWarns) {
+  fs::path dir = fresh_dir("rt_trainer_restart");
+  InsideASlurmJob job(dir / "bin", "2");
+  BlobClassifier m;
+  ::testing::internal::CaptureStderr();
+  Trainer(quiet({.max_epochs = 1, .batch_size = 16, .checkpoint_dir = (dir / "ckpt").string()})).fit(m, blobs(32, 1));
+  std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("requeued 2 time(s) (SLURM_RESTART_COUNT)"), std::string::npos) << err;
+  EXPECT_NE(err.find("holds no checkpoint"), std::string::npos) << err;
+  // resumed: no warning
+  ::testing::internal::CaptureStderr();
+  Trainer(quiet({.max_epochs = 2, .batch_size = 16, .checkpoint_dir = (dir / "ckpt").string()})).fit(m, blobs(32, 1));
+  err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(err.find("SLURM_RESTART_COUNT"), std::string::npos) << err;
   fs::remove_all(dir);
 }
 
