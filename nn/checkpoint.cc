@@ -86,9 +86,12 @@ json read_record(const std::string& stem) {
   auto need = [&](bool ok, const std::string& what) {
     if (!ok) throw CheckpointError(jpath + ": " + what);
   };
-  need(m.is_object() && m.value("format", "") == kFormat, "not a ringtrain checkpoint (\"format\" is not \"" +
-                                                              std::string(kFormat) + "\")");
-  need(m.value("version", 0) == kFormatVersion,
+  // Every field's type is checked before it is read: json's value()/get() throw their
+  // own type_error on a field of another type (a hand-edited or foreign record), which
+  // would escape the callers that skip damaged checkpoints.
+  need(m.is_object() && m.contains("format") && m["format"].is_string() && m["format"] == kFormat,
+       "not a ringtrain checkpoint (\"format\" is not \"" + std::string(kFormat) + "\")");
+  need(m.contains("version") && m["version"].is_number_integer() && m["version"] == kFormatVersion,
        "unsupported checkpoint version " + m.value("version", json()).dump() + " (this build reads " +
            std::to_string(kFormatVersion) + ")");
   need(m.contains("epoch") && m["epoch"].is_number_integer() && m.contains("step") &&
@@ -308,14 +311,19 @@ CheckpointInfo load_checkpoint(const std::string& stem, const CheckpointTargets&
       problems.push_back("lr_scheduler: number of param groups differs");
     }
   }
+  // A generator's state is two unsigned integers; anything else is a problem found
+  // here, in the plan, not a throw half-way through the apply below.
+  auto is_generator_state = [](const json& state) {
+    return state.is_object() && state.contains("seed") && state["seed"].is_number_unsigned() &&
+           state.contains("offset") && state["offset"].is_number_unsigned();
+  };
   const json& rng = meta.value("rng", json());
-  if (targets.generator != nullptr && (rng.is_null() || !rng.contains("seed") || !rng.contains("offset"))) {
-    problems.push_back("rng: the checkpoint has no generator state");
+  if (targets.generator != nullptr && !is_generator_state(rng)) {
+    problems.push_back("rng: the checkpoint has no generator state (unsigned \"seed\" and \"offset\")");
   }
   const json& rng_extra = meta.value("rng_extra", json::object());
   for (const auto& [name, gen] : targets.extra_generators) {
-    if (!rng_extra.is_object() || !rng_extra.contains(name) || !rng_extra[name].contains("seed") ||
-        !rng_extra[name].contains("offset")) {
+    if (!rng_extra.is_object() || !rng_extra.contains(name) || !is_generator_state(rng_extra[name])) {
       problems.push_back("rng: the checkpoint has no state for generator '" + name + "'");
     }
   }
@@ -335,8 +343,13 @@ CheckpointInfo load_checkpoint(const std::string& stem, const CheckpointTargets&
     std::string msg = "checkpoint " + stem + " does not fit this run; nothing was loaded:";
     for (const std::string& p : problems) msg += "\n  " + p;
     if (!missing.empty() || !unexpected.empty() || !mis_shaped.empty()) {
-      msg += "\n  (was it saved from a different model? checkpoint model type: " +
-             meta["model"].value("type", std::string("?")) + ", this model: " + targets.model->type_name() + ")";
+      const json model_meta = meta.value("model", json::object());
+      const std::string saved_type = model_meta.is_object() && model_meta.contains("type") &&
+                                             model_meta["type"].is_string()
+                                         ? model_meta["type"].get<std::string>()
+                                         : "?";
+      msg += "\n  (was it saved from a different model? checkpoint model type: " + saved_type +
+             ", this model: " + targets.model->type_name() + ")";
     }
     throw CheckpointError(msg);
   }
@@ -352,6 +365,14 @@ CheckpointInfo load_checkpoint(const std::string& stem, const CheckpointTargets&
   json sched_snapshot = targets.scheduler ? targets.scheduler->state_dict() : json();
   std::vector<Tensor> extra_snapshot;
   for (const auto& [name, t] : targets.extra_tensors) extra_snapshot.push_back(t.clone());
+  struct GeneratorSnapshot {
+    Generator* generator;
+    uint64_t seed, offset;
+  };
+  std::vector<GeneratorSnapshot> generator_snapshot;
+  if (targets.generator != nullptr)
+    generator_snapshot.push_back({targets.generator, targets.generator->seed(), targets.generator->offset()});
+  for (const auto& [name, gen] : targets.extra_generators) generator_snapshot.push_back({gen, gen->seed(), gen->offset()});
   int stage = 0;
   try {
     targets.model->load_state_dict(to_load, /*strict=*/true);
@@ -381,6 +402,9 @@ CheckpointInfo load_checkpoint(const std::string& stem, const CheckpointTargets&
     if (stage >= 1) targets.model->load_state_dict(model_snapshot, true);
     if (stage >= 2 && targets.optimizer != nullptr) targets.optimizer->load_state_dict(opt_snapshot);
     if (stage >= 3 && targets.scheduler != nullptr) targets.scheduler->load_state_dict(sched_snapshot);
+    if (stage >= 3) {
+      for (const GeneratorSnapshot& g : generator_snapshot) g.generator->set_state(g.seed, g.offset);
+    }
     throw CheckpointError("checkpoint " + stem + ": restoring failed and was rolled back: " + e.what());
   }
 
@@ -528,7 +552,7 @@ bool looks_complete(const std::string& stem) {
   json record;
   try {
     record = read_record(stem);
-  } catch (const CheckpointError&) {
+  } catch (const std::exception&) {  // CheckpointError, or a file-system error reading it
     return false;
   }
   std::error_code ec;

@@ -256,7 +256,8 @@ FitResult Trainer::run_fit(TrainingModule& module, std::shared_ptr<const data::D
   const int world = group ? group->size() : 1;
   // What "k batches into the epoch" depends on: written with every checkpoint and
   // compared on resume (one definition, so the two can never drift apart).
-  const nlohmann::json data_layout = {{"batch_size", o.batch_size}, {"world_size", world}, {"seed", o.seed}};
+  const nlohmann::json data_layout = {
+      {"batch_size", o.batch_size}, {"world_size", world}, {"seed", o.seed}, {"samples", train->size()}};
   const bool global_zero = rank == 0;
   // Rank 0 writes checkpoints and logs: its output paths fail now, not after the first
   // epoch has trained (fit() aborts the group with the reason, so the others stop too).

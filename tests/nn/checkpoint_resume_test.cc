@@ -464,5 +464,53 @@ TEST_F(CheckpointTest, ExtraNamedGeneratorsAreRestored) {
   EXPECT_EQ(c.seed(), 9u);
 }
 
+// A record whose fields have other types (hand-edited, foreign, a future format) is
+// a damaged checkpoint like any other: skipped when choosing where to resume, left
+// alone by rotation, and never a bare json type_error out of save() or resume.
+TEST_F(CheckpointTest, RecordsWithFieldsOfOtherTypesAreSkippedNotThrown) {
+  TrainingRun run(1, false);
+  CheckpointManager mgr(dir_.string(), 1);
+  std::string s1 = mgr.save(run.targets(), {0, 1});
+  const std::string odd_version = (dir_ / "ckpt-0000000098").string();
+  const std::string odd_format = (dir_ / "ckpt-0000000099").string();
+  std::ofstream(odd_version + ".json") << R"({"format": "ringtrain-checkpoint", "version": "1"})";
+  std::ofstream(odd_format + ".json") << R"({"format": 1, "version": 1})";
+  expect_ckpt_error([&] { read_checkpoint_info(odd_version); }, {odd_version + ".json", "version"});
+  expect_ckpt_error([&] { read_checkpoint_info(odd_format); }, {odd_format + ".json", "format"});
+  std::string s2 = mgr.save(run.targets(), {0, 2});  // prunes: must step over both records
+  EXPECT_EQ(mgr.latest_valid(), s2);
+  EXPECT_TRUE(fs::exists(odd_version + ".json") && fs::exists(odd_format + ".json"));
+  EXPECT_FALSE(fs::exists(s1 + ".json")) << "keep_last = 1";
+  // with s2 gone only the odd ones are left: none valid, each named
+  fs::remove(s2 + ".json");
+  std::vector<std::string> skipped;
+  EXPECT_FALSE(mgr.latest_valid(&skipped).has_value());
+  EXPECT_EQ(skipped.size(), 2u);
+  expect_ckpt_error([&] { mgr.resume_point("start fresh"); },
+                    {"none is valid", "ckpt-0000000098.json", "ckpt-0000000099.json"});
+}
+
+// A generator state that is not two unsigned integers is found while planning the
+// load, which then changes nothing (it used to set the first generator and then throw
+// a json type_error at the second, "rolled back" but with the first one changed).
+TEST_F(CheckpointTest, AGeneratorStateOfAnotherTypeIsRefusedAndChangesNothing) {
+  TrainingRun run(1, false);
+  Generator a(5);
+  std::string stem = save_checkpoint_stem();
+  CheckpointTargets targets = run.targets();
+  targets.extra_generators = {{"augment", &a}};
+  save_checkpoint(stem, targets, {0, 0});
+  nlohmann::json record = nlohmann::json::parse(std::ifstream(stem + ".json"));
+  record["rng_extra"]["augment"]["seed"] = "five";
+  std::ofstream(stem + ".json") << record.dump();
+  run.dropout.manual_seed(1234);
+  a.manual_seed(4321);
+  auto before = bits(run.model->named_parameters()[0].second);
+  expect_ckpt_error([&] { load_checkpoint(stem, targets); }, {"no state for generator 'augment'", "nothing was loaded"});
+  EXPECT_EQ(run.dropout.seed(), 1234u);
+  EXPECT_EQ(a.seed(), 4321u);
+  EXPECT_EQ(before, bits(run.model->named_parameters()[0].second));
+}
+
 }  // namespace
 }  // namespace ringtrain::nn

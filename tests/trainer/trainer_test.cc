@@ -361,6 +361,21 @@ TEST(TrainerTest, ResumingWithAnotherBatchSizeRestartsTheEpoch) {
   const std::string out = ::testing::internal::GetCapturedStdout();
   EXPECT_NE(out.find("restarts from its first batch"), std::string::npos) << out;
   EXPECT_EQ(r.global_step, 5 + 5);  // the whole epoch again: 160 / 32 batches
+
+  // The same with a data set that grew: the shuffled order of 176 samples is another
+  // order, so "5 batches in" would skip samples never seen and repeat others.
+  fs::remove_all(dir);
+  o.batch_size = 16;
+  o.simulate_signal_at_step = 5;
+  BlobClassifier third(3);
+  EXPECT_TRUE(Trainer(o).fit(third, data).stopped_early);
+  o.simulate_signal_at_step = -1;
+  BlobClassifier fourth(3);
+  ::testing::internal::CaptureStdout();
+  r = Trainer(o).fit(fourth, blobs(176, 5));
+  const std::string grown = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(grown.find("restarts from its first batch"), std::string::npos) << grown;
+  EXPECT_EQ(r.global_step, 5 + 11);  // the whole epoch: 176 / 16 batches
   fs::remove_all(dir);
 }
 
