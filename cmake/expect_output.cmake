@@ -28,6 +28,11 @@ endif()
 # No time limit here: the test's TIMEOUT (stretched under sanitizers) bounds it.
 execute_process(COMMAND ${command} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
 message("${out}")
+# A sanitizer's report fails the test in either mode: its non-zero exit would
+# otherwise pass an error test whose expected message another rank printed.
+if(out MATCHES "(ERROR|WARNING): [A-Za-z]*Sanitizer|runtime error: ")
+  message(FATAL_ERROR "a sanitizer reported an error (above); exit code ${rc}")
+endif()
 if(MODE STREQUAL "success")
   if(rc STREQUAL "77")
     message("RINGTRAIN-SKIP: exit 77")

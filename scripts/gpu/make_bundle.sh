@@ -20,15 +20,25 @@ rm -rf "$out" && mkdir -p "$out/lib"
 # (DISCOVERY_MODE PRE_TEST) with this machine's CMake modules: do that here, so the
 # lists that travel are newer than their executables and the GPU machine reuses them.
 ctest --test-dir "$build" -N > /dev/null
-executables=(tests/tensor/tensor_cuda_ops_test tests/tensor/tensor_cuda_runtime_test
-             tests/nn/nn_data_cuda_loader_test tests/comm/comm_collectives_test
-             tests/comm/comm_nccl_failure_test comm/ringrun
-             tests/ddp/ddp_multirank_test bench/ddp_step bench/comm_sweep
+# Every executable a `cuda`-labelled test runs (from CTest's own list, so a new CUDA test
+# binary travels without being named here; one left behind would turn into a label-less
+# *_NOT_BUILT test on the GPU machine and never run), and what the benchmarks and the demo run.
+mapfile -t cuda_test_executables < <(ctest --test-dir "$build" -L cuda --show-only=json-v1 | python3 -c '
+import json, os, sys
+build = os.path.abspath(sys.argv[1]) + "/"
+found = set()
+for test in json.load(sys.stdin)["tests"]:
+    for arg in test.get("command") or []:
+        if arg.startswith(build) and os.path.isfile(arg) and os.access(arg, os.X_OK):
+            found.add(arg[len(build):])
+print("\n".join(sorted(found)))' "$build")
+(( ${#cuda_test_executables[@]} > 0 )) || { echo "no executables found for the cuda label in $build" >&2; exit 1; }
+executables=("${cuda_test_executables[@]}" comm/ringrun bench/ddp_step bench/comm_sweep
              bench/bench_tensor_cuda examples/digits_ddp)
 {
   find "$build" -path '*/consumer-work' -prune -o \( -name CTestTestfile.cmake -o -name '*_include.cmake' \
        -o -name '*_tests.cmake' \) -print
-  for exe in "${executables[@]}"; do echo "$build/$exe"; done
+  for exe in "${executables[@]}"; do echo "$build/$exe"; done | sort -u
 } > "$out/files"
 tar -cf - -T "$out/files" | xz -6 -T1 > "$out/build.tar.xz"
 echo "$PWD" > "$out/source_dir"

@@ -9,7 +9,8 @@
 # Steps to run can be named: validate.sh tests bench (default: env probe tests bench
 # demo ddp-bench comm-bench nccl-mode cpu-ddp-bench sanitizer; cpu-interference only when named).
 #
-# Record what it printed in docs/gpu-validation.md.
+# Exits 1 when any step failed (the summary names them) or a test executable was missing
+# from the bundle. Record what it printed in docs/gpu-validation.md.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
@@ -50,8 +51,10 @@ step() {  # step NAME SECONDS COMMAND...: runs it with a limit, logs to $logs/NA
   if [[ -n ${OUT:-} ]]; then
     tar -czf "$OUT/gpu-logs.tgz" -C "$logs" . && cp "$summary" "$OUT/summary.txt"
   fi
+  (( rc == 0 )) || failed_steps+=("$name")
   return $rc
 }
+failed_steps=()
 want() { [[ " ${steps[*]} " == *" $1 "* ]]; }
 
 if want env; then
@@ -188,3 +191,12 @@ if want sanitizer; then
       "$B/tests/tensor/tensor_cuda_ops_test" --gtest_brief=1 --gtest_filter='*Reduc*:*Softmax*:*Argmax*:*Sum*'
 fi
 echo; echo "==== summary ($(cat .gpu/commit))"; cat "$summary"
+# A test list whose executable did not travel (make_bundle.sh) shows up as *_NOT_BUILT.
+if grep -l "_NOT_BUILT" "$logs"/*.log > /dev/null 2>&1; then
+  echo "validate.sh: a test executable was missing from the bundle: $(grep -h -o '[A-Za-z0-9_]*_NOT_BUILT' "$logs"/*.log | sort -u | tr '\n' ' ')"
+  failed_steps+=("bundle")
+fi
+if (( ${#failed_steps[@]} > 0 )); then
+  echo "validate.sh: failed steps: ${failed_steps[*]}"
+  exit 1
+fi

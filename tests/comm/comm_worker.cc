@@ -224,6 +224,12 @@ int main(int argc, char** argv) {
     data = std::span<float>(static_cast<float*>(shared->data()), private_data.size());
     std::fill(data.begin(), data.end(), 1.0f);
   }
+  struct JoinedAtExit {
+    std::thread thread;
+    ~JoinedAtExit() {
+      if (thread.joinable()) thread.join();
+    }
+  } watchdog;
   try {
     for (int iteration = 0; iteration < 200; ++iteration) {
       if (rank == victim && iteration == 3) {
@@ -235,11 +241,12 @@ int main(int argc, char** argv) {
             raise(SIGKILL);
           }).detach();
         } else if (mode == "abort") {
-          // a watchdog on another thread gives up while the next allreduce runs
-          std::thread([&pg] {
+          // a watchdog on another thread gives up while the next allreduce runs (joined
+          // before the group is destroyed: it uses the group)
+          watchdog.thread = std::thread([&pg] {
             std::this_thread::sleep_for(std::chrono::milliseconds(5));
             pg->abort("injected abort: the watchdog of rank 1 gave up");
-          }).detach();
+          });
         } else if (mode == "throw") {
           throw std::runtime_error("injected failure: the data loader of rank " + std::to_string(rank) + " broke");
         } else if (mode == "kill_before") {
