@@ -384,10 +384,23 @@ LaunchInfo parse_url_method(const std::string& url, const EnvMap& env, int rank,
 std::string detect_init_method(const EnvMap& env) {
   if (has(env, "RINGTRAIN_INIT_METHOD")) return get(env, "RINGTRAIN_INIT_METHOD");
   if (has(env, "MASTER_ADDR") && has(env, "RANK") && has(env, "WORLD_SIZE")) return "env://";
-  if (has(env, "OMPI_COMM_WORLD_SIZE") || has(env, "PMI_SIZE") || has(env, "PMIX_RANK")) return "mpi://";
-  const bool srun_task = has(env, "SLURM_STEP_ID") || has(env, "SLURM_STEPID");
-  if (srun_task && has(env, "SLURM_PROCID") && (has(env, "SLURM_NTASKS") || has(env, "SLURM_NPROCS")))
-    return "slurm://";
+  const bool srun_task = (has(env, "SLURM_STEP_ID") || has(env, "SLURM_STEPID")) && has(env, "SLURM_PROCID") &&
+                         (has(env, "SLURM_NTASKS") || has(env, "SLURM_NPROCS"));
+  if (has(env, "OMPI_COMM_WORLD_SIZE")) return "mpi://";
+  if (has(env, "PMI_SIZE") || has(env, "PMIX_RANK")) {
+    // A cluster whose MpiDefault is pmi2 or pmix gives every srun task PMI_RANK/PMI_SIZE
+    // or PMIX_RANK too, the same numbers as SLURM_PROCID/SLURM_NTASKS: that is srun's
+    // own launch, and slurm:// knows its nodes and local ranks (the PMI variables do
+    // not). An MPI launcher's processes inside an allocation (MPICH's mpiexec starts its
+    // proxies with srun, one task per node) have PMI numbers of their own: mpi://.
+    const std::string ntasks = get(env, has(env, "SLURM_NTASKS") ? "SLURM_NTASKS" : "SLURM_NPROCS");
+    const bool srun_numbers = srun_task &&
+                              (!has(env, "PMI_SIZE") || (get(env, "PMI_SIZE") == ntasks &&
+                                                         get(env, "PMI_RANK") == get(env, "SLURM_PROCID"))) &&
+                              (!has(env, "PMIX_RANK") || get(env, "PMIX_RANK") == get(env, "SLURM_PROCID"));
+    if (!srun_numbers) return "mpi://";
+  }
+  if (srun_task) return "slurm://";
   // RANK or WORLD_SIZE without the rest of torchrun's set: processes started by hand
   // that forgot MASTER_ADDR. Running each as a world of one would train N separate
   // models into one checkpoint directory; env:// says which variable is missing.

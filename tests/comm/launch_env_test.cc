@@ -231,6 +231,20 @@ TEST(Detection, DocumentedOrder) {
   EXPECT_NE(error_of([] { resolve_launch("auto", {{"RANK", "1"}, {"WORLD_SIZE", "2"}}, -1, -1); })
                 .find("MASTER_ADDR"),
             std::string::npos);
+  // srun on a cluster whose MpiDefault is pmi2 or pmix: the PMI numbers are srun's own
+  EnvMap pmi2 = srun_env();
+  pmi2.insert({{"PMI_SIZE", "4"}, {"PMI_RANK", "3"}});
+  EXPECT_EQ(detect_init_method(pmi2), "slurm://");
+  EnvMap pmix = srun_env();
+  pmix["PMIX_RANK"] = "3";
+  EXPECT_EQ(detect_init_method(pmix), "slurm://");
+  // MPICH's mpiexec inside an allocation: one srun task per node, its own PMI numbers
+  EnvMap hydra = srun_env();
+  hydra.insert({{"PMI_SIZE", "8"}, {"PMI_RANK", "6"}});
+  EXPECT_EQ(detect_init_method(hydra), "mpi://");
+  pmix["PMIX_RANK"] = "5";
+  EXPECT_EQ(detect_init_method(pmix), "mpi://");
+  EXPECT_EQ(detect_init_method({{"PMIX_RANK", "1"}}), "mpi://");  // no srun task: an MPI launcher
   env["OMPI_COMM_WORLD_SIZE"] = "2";  // mpirun inside an allocation: mpi wins over slurm
   EXPECT_EQ(detect_init_method(env), "mpi://");
   env.insert({{"MASTER_ADDR", "h"}, {"RANK", "0"}, {"WORLD_SIZE", "2"}});  // torchrun/ringrun wins

@@ -60,6 +60,27 @@ TEST(ClusterEnvironment, FourTasksOnTwoNodesUsesTasksPerNode) {
   EXPECT_EQ(env.num_nodes, 2);
 }
 
+// A cluster whose MpiDefault is pmi2 or pmix gives every srun task PMI variables too;
+// they once made the task an MPI launch with 4 nodes (pmi2) or 1 node and an unknown
+// world (pmix), every rank local rank 0.
+TEST(ClusterEnvironment, SrunTasksWithTheClustersPmiVariablesAreStillSrunTasks) {
+  comm::EnvMap vars = srun_task(3, 1);
+  vars["SLURM_NTASKS"] = vars["SLURM_NPROCS"] = "4";
+  vars["SLURM_TASKS_PER_NODE"] = "2(x2)";
+  vars["SLURM_LOCALID"] = "1";
+  for (const comm::EnvMap& pmi : {comm::EnvMap{{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}}, comm::EnvMap{{"PMIX_RANK", "3"}}}) {
+    comm::EnvMap task = vars;
+    task.insert(pmi.begin(), pmi.end());
+    ClusterEnvironment env = detect_cluster_environment(task);
+    EXPECT_EQ(env.launcher, Launcher::kSlurm) << pmi.begin()->first;
+    EXPECT_EQ(env.world_size, 4);
+    EXPECT_EQ(env.num_nodes, 2);
+    EXPECT_EQ(env.node_rank, 1);
+    EXPECT_EQ(env.local_rank, 1);
+    EXPECT_EQ(env.local_world_size, 2);
+  }
+}
+
 TEST(ClusterEnvironment, BatchShellIsNotATask) {
   // sbatch -N2 -n2: the batch script sees SLURM_PROCID=0 and SLURM_NTASKS=2, no step.
   comm::EnvMap vars = srun_task(0, 0);
