@@ -16,6 +16,10 @@ out=${2:-bench-out}
 shift $(( $# < 2 ? $# : 2 ))
 extra=("$@")  # passed to both benchmarks
 repeats=${REPEATS:-3}
+"$python" -c "import torch" 2>/dev/null || {
+  echo "run_ddp_bench.sh: $python cannot import torch; apt-get install python3-torch, or set PYTHON to an interpreter that has it" >&2
+  exit 2
+}
 mkdir -p "$out"
 ringrun="$build/comm/ringrun"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
@@ -67,4 +71,6 @@ for r in o[2][0]["rows"]:
 PY
 if "$python" -c "import matplotlib" 2>/dev/null; then
   "$python" "$(dirname "$0")/plot_timeline.py" "$out/timeline.json" "$out/timeline.png"
+else
+  echo "no timeline.png: $python has no matplotlib (apt-get install python3-matplotlib); $out/timeline.json opens in Perfetto"
 fi

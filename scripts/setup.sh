@@ -20,6 +20,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev        # tests and benchmarks
   libcli11-dev nlohmann-json3-dev zlib1g-dev        # command lines, JSON, gzip'd data sets
   python3-sklearn                                   # ships the 8x8 handwritten digits data set
+  python3-torch                                     # the PyTorch side of the benchmarks and their smoke tests
   iproute2                                          # ip(8): the vanished-host test's network namespace
 )
 missing=()

@@ -6,6 +6,8 @@
 # with arguments the sanitizer pass is skipped.
 #   RINGTRAIN_TEST_SANITIZERS="thread"   sanitizer passes to run after the suite:
 #                                        "thread", "address", both, or "" for none
+#   BUILD_DIR=build                      the build folder (setup.sh builds it)
+#   CTEST_JOBS=2                         tests run at once
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

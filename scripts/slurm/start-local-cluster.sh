@@ -23,6 +23,9 @@
 #
 # Usage: scripts/slurm/start-local-cluster.sh        # then: export SLURM_CONF=...
 #        RINGTRAIN_SLURM_DIR=/some/dir scripts/slurm/start-local-cluster.sh
+# Settings: RINGTRAIN_SLURM_DIR (above), RINGTRAIN_SLURMCTLD_PORT (slurmctld's port,
+# default 16817), RINGTRAIN_SLURM_CPUS (CPUs each node declares, default 2),
+# RINGTRAIN_SLURM_WAIT (seconds to wait for both nodes to be idle, default 60).
 set -euo pipefail
 
 DIR="${RINGTRAIN_SLURM_DIR:-/tmp/ringtrain-slurm}"
