@@ -85,6 +85,23 @@ DeviceSelection parse_devices(int count, int available_gpus) {
   return selection;
 }
 
+int ddp_device_for_local_rank(const DeviceSelection& selection, int local_rank, int local_processes) {
+  if (selection.is_cpu()) throw SlurmError("ddp_device_for_local_rank: the selection names no GPU");
+  const int gpus = static_cast<int>(selection.cuda_devices.size());
+  if (local_processes != gpus) {
+    throw SlurmError("devices=" + selection.describe() + " with strategy ddp needs " + std::to_string(gpus) +
+                     " process(es) on this node, one per GPU, but the launcher started " +
+                     std::to_string(local_processes) + "; launch " + std::to_string(gpus) +
+                     " per node (ringrun --nproc-per-node " + std::to_string(gpus) + ", srun --ntasks-per-node=" +
+                     std::to_string(gpus) + ") or select " + std::to_string(local_processes) + " GPU(s)" +
+                     (local_processes == 1 ? " (or strategy dp: one process driving every GPU)" : ""));
+  }
+  if (local_rank < 0 || local_rank >= local_processes) {
+    throw SlurmError("local rank " + std::to_string(local_rank) + " is not in 0.." + std::to_string(local_processes - 1));
+  }
+  return selection.cuda_devices[local_rank];
+}
+
 DeviceSelection parse_device_list(const std::vector<int>& indices, int available_gpus) {
   DeviceSelection selection;
   std::set<int> seen;

@@ -38,6 +38,13 @@ DeviceSelection parse_devices(const std::string& spec, int available_gpus);
 DeviceSelection parse_devices(const std::string& spec);
 // An int as Lightning takes it: 0 CPU, N the first N, -1 all.
 DeviceSelection parse_devices(int count, int available_gpus);
+
+// DDP on GPUs runs one process per selected GPU on each node: the GPU of the process
+// with `local_rank` among `local_processes`. A count that differs is a launch mistake
+// Lightning refuses too: fewer processes leave GPUs idle (devices=4 in one process
+// trains on one GPU), more make processes share a GPU. Throws SlurmError naming both
+// numbers and the launch that fits.
+int ddp_device_for_local_rank(const DeviceSelection& selection, int local_rank, int local_processes);
 // An explicit index list (Lightning's gpus=[0, 1]); empty: CPU.
 DeviceSelection parse_device_list(const std::vector<int>& indices, int available_gpus);
 

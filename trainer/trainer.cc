@@ -291,7 +291,9 @@ FitResult Trainer::run_fit(TrainingModule& module, std::shared_ptr<const data::D
   std::vector<Device> dp_devices;
   if (!selection.is_cpu()) {
     if (strategy == Strategy::kDdp) {
-      int index = selection.cuda_devices.at(env.local_rank % selection.cuda_devices.size());
+      // one process per GPU on each node (a PMIx-only launch knows no local count: one per rank)
+      const int local_processes = env.world_size > 0 ? env.local_world_size : 1;
+      const int index = slurm::ddp_device_for_local_rank(selection, env.local_rank, local_processes);
       cuda::set_device(index);
       device = Device::cuda(index);
     } else {

@@ -90,6 +90,29 @@ TEST(DeviceParser, IntOverloadMatchesLightning) {
   EXPECT_THROW(parse_device_list({-1}, 4), SlurmError);
 }
 
+// DDP: one process per selected GPU on each node, or an error naming both counts.
+TEST(DeviceParser, DdpNeedsOneProcessPerGpuOnEachNode) {
+  const DeviceSelection two = parse_devices("[2, 3]", 4);
+  EXPECT_EQ(ddp_device_for_local_rank(two, 0, 2), 2);
+  EXPECT_EQ(ddp_device_for_local_rank(two, 1, 2), 3);
+  auto error_of = [](auto f) {
+    try {
+      f();
+    } catch (const SlurmError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string one = error_of([&] { ddp_device_for_local_rank(parse_devices("4", 4), 0, 1); });
+  EXPECT_NE(one.find("needs 4 process(es) on this node, one per GPU, but the launcher started 1"), std::string::npos)
+      << one;
+  EXPECT_NE(one.find("--nproc-per-node 4"), std::string::npos) << one;
+  EXPECT_NE(one.find("strategy dp"), std::string::npos) << one;
+  const std::string four = error_of([&] { ddp_device_for_local_rank(two, 3, 4); });
+  EXPECT_NE(four.find("started 4"), std::string::npos) << four;
+  EXPECT_NE(error_of([] { ddp_device_for_local_rank(DeviceSelection{}, 0, 1); }), "no error");
+}
+
 TEST(DeviceParser, Describe) {
   EXPECT_EQ(parse_devices("cpu", 2).describe(), "cpu");
   EXPECT_EQ(parse_devices("1,0", 2).describe(), "cuda:1,0");
