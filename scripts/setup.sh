@@ -3,7 +3,7 @@
 # and builds it in ./build. Safe to re-run. Used by scripts/demo.sh and scripts/test.sh.
 #
 #   BUILD_DIR=build       where to build
-#   RINGTRAIN_CUDA=AUTO   AUTO builds the CUDA parts when /usr/local/cuda/bin/nvcc exists
+#   RINGTRAIN_CUDA=AUTO   AUTO builds the CUDA parts when nvcc (/usr/local/cuda/bin or PATH), cuDNN and NCCL are found
 #   JOBS=$(nproc)         parallel compile jobs
 #   SETUP_BUILD=0         install the packages only (scripts/sanitize.sh builds its own folder)
 set -euo pipefail
