@@ -5,8 +5,9 @@
 //
 // Conventions: `c.needs(i)` skips the work for inputs that need no gradient;
 // `c.saved(i)` reads a saved tensor (checked for in-place modification since the
-// forward); intermediates only the rule needs (masks, indices, normalised inputs)
-// are captured by the lambda directly, since no user code can touch them.
+// forward); intermediates only the rule needs (masks, indices) are captured by the
+// lambda directly, since no user code can touch them. The norms' xhat is saved instead:
+// without weight and bias it is the output itself, which user code can modify in place.
 // Gradients of broadcasting ops are summed back to each input's shape (unbroadcast).
 // Everything inside a rule uses the plain tensor ops (grad mode is off in backward).
 #include "autograd/functions.h"
@@ -127,6 +128,21 @@ Tensor scatter_into_zeros(const Tensor& g, const Shape& shape, ViewFn view) {
 
 Tensor maybe(bool needed, const std::function<Tensor()>& f) { return needed ? f() : Tensor(); }
 
+// The gradients of maximum (is_max) or minimum: each input gets g where it alone is the
+// result, nothing where the other one is, and g / 2 at a tie, where both are. NaN compares
+// false both ways, so where either is NaN both get g (PyTorch's rule too).
+Grads max_min_grads(const Tensor& g, const Ctx& c, const Shape& sa, const Shape& sb, bool is_max) {
+  const Tensor& a = c.saved(0);
+  const Tensor& b = c.saved(1);
+  Tensor zero = zero_like_scalar(g);
+  Tensor shared = rt::where(rt::eq(a, b), rt::mul(g, 0.5), g);
+  auto part = [&](const Tensor& loses, const Shape& shape) {
+    return unbroadcast(rt::where(loses, zero, shared), shape);
+  };
+  return {maybe(c.needs(0), [&] { return part(is_max ? rt::lt(a, b) : rt::gt(a, b), sa); }),
+          maybe(c.needs(1), [&] { return part(is_max ? rt::gt(a, b) : rt::lt(a, b), sb); })};
+}
+
 }  // namespace
 
 // ============================================================ elementwise, binary
@@ -198,27 +214,23 @@ Tensor pow(const Tensor& a, const Tensor& b) {
                 });
 }
 
-// maximum: max(a, b)  ->  g where a >= b, g where a < b (ties go to a)
+// maximum: max(a, b)  ->  g where a > b, g where a < b, g / 2 to each where a == b
+// (PyTorch's rule: at a tie the subgradient is split, so maximum(x, x) has gradient 1).
+// Where either is NaN the output is NaN and both get g, as in PyTorch.
 Tensor maximum(const Tensor& a, const Tensor& b) {
   RT_AUTOCAST_PROMOTE2(maximum, a, b)
   return record("maximum", {a, b}, rt::maximum(a, b), {a, b},
                 [sa = a.shape(), sb = b.shape()](const Tensor& g, Ctx& c) -> Grads {
-                  Tensor a_wins = rt::ge(c.saved(0), c.saved(1));
-                  Tensor zero = zero_like_scalar(g);
-                  return {c.needs(0) ? unbroadcast(rt::where(a_wins, g, zero), sa) : Tensor(),
-                          c.needs(1) ? unbroadcast(rt::where(a_wins, zero, g), sb) : Tensor()};
+                  return max_min_grads(g, c, sa, sb, /*is_max=*/true);
                 });
 }
 
-// minimum: min(a, b)  ->  g where a <= b, g where a > b (ties go to a)
+// minimum: min(a, b)  ->  g where a < b, g where a > b, g / 2 to each where a == b
 Tensor minimum(const Tensor& a, const Tensor& b) {
   RT_AUTOCAST_PROMOTE2(minimum, a, b)
   return record("minimum", {a, b}, rt::minimum(a, b), {a, b},
                 [sa = a.shape(), sb = b.shape()](const Tensor& g, Ctx& c) -> Grads {
-                  Tensor a_wins = rt::le(c.saved(0), c.saved(1));
-                  Tensor zero = zero_like_scalar(g);
-                  return {c.needs(0) ? unbroadcast(rt::where(a_wins, g, zero), sa) : Tensor(),
-                          c.needs(1) ? unbroadcast(rt::where(a_wins, zero, g), sb) : Tensor()};
+                  return max_min_grads(g, c, sa, sb, /*is_max=*/false);
                 });
 }
 
@@ -638,6 +650,54 @@ Tensor log_softmax(const Tensor& a, int64_t dim) {
   });
 }
 
+// The normalisations (batch_norm, layer_norm) compute their statistics, xhat and the output
+// in the accumulation dtype (tensor/dtype.h: float32 for float16/bfloat16 input, the input's
+// own dtype otherwise) and round the output back once, as PyTorch does: in half, the
+// squares of centred values overflow (300^2 > 65504: f16 {0, 600, 0, 600} gave a variance
+// of inf, an output of 0) and a half mean loses the low bits the centring needs. For
+// float32/float64 every to() below returns the tensor itself, so nothing changes there.
+//
+// xhat is saved in the input's dtype (the output's memory; its values are O(1), so half's
+// precision is enough for the rule, whose sums run in the accumulation dtype again) and,
+// unlike other intermediates, through the SavedTensor check: without weight and bias the
+// output *is* xhat, so an in-place write to the output (y.mul_(2)) would otherwise change
+// the gradient silently; now the backward throws instead, naming the op.
+namespace {
+
+// stat = (1 - momentum) * stat + alpha * value, in place, computed in value's dtype (the
+// accumulation dtype) and rounded into stat once: float16 running statistics would
+// otherwise see value rounded to half first (a variance of 90000 is inf in float16).
+void update_running_stat(const Tensor& stat, const Tensor& value, double momentum, double alpha) {
+  if (!stat.defined()) return;
+  Tensor acc = stat.to(value.dtype());  // stat itself when the dtypes already match
+  rt::mul_(acc, 1.0 - momentum);
+  rt::add_(acc, value, alpha);
+  if (!acc.is_same(stat)) {
+    Tensor target = stat;
+    target.copy_(acc);
+  }
+}
+
+// Checks that weight and bias (when given) have the input's dtype: the norms compute in
+// the accumulation dtype, so a mismatch would otherwise pass silently.
+void check_affine_dtypes(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  for (const Tensor* t : {&weight, &bias})
+    RT_CHECK(!t->defined() || t->dtype() == x.dtype(), op, ": ", t->describe(),
+             " must have the input's dtype, input ", x.describe(),
+             "; convert the parameters (module->to(dtype)) or the input");
+}
+
+// dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) over `dims`, everything
+// in rstd's dtype (the accumulation dtype), returned in `dtype`.
+Tensor normalized_input_grad(const Tensor& dxhat, const Tensor& xhat, const Tensor& rstd,
+                             const std::vector<int64_t>& dims, DType dtype) {
+  Tensor mean_dxhat = rt::mean(dxhat, dims, true);
+  Tensor mean_dxhat_xhat = rt::mean(rt::mul(dxhat, xhat), dims, true);
+  return rt::mul(rt::sub(rt::sub(dxhat, mean_dxhat), rt::mul(xhat, mean_dxhat_xhat)), rstd).to(dtype);
+}
+
+}  // namespace
+
 // batch_norm (training): xhat = (x - mean) * rstd, y = xhat * w + b, statistics over
 // every dim but 1  ->  dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)),
 // dxhat = g * w, dw = sum(g * xhat), db = sum(g)
@@ -656,6 +716,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
   for (const Tensor* t : {&weight, &bias, &running_mean, &running_var})
     RT_CHECK(!t->defined() || (t->dim() == 1 && t->size(0) == channels), "batch_norm: ", t->describe(),
              " must be [", channels, "] for input ", x.describe());
+  check_affine_dtypes("batch_norm", x, weight, bias);
   std::vector<int64_t> dims;
   for (int64_t d = 0; d < x.dim(); ++d)
     if (d != 1) dims.push_back(d);
@@ -663,56 +724,52 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
   channel_shape[1] = channels;
   int64_t n = x.numel() / std::max<int64_t>(channels, 1);
 
-  Tensor xhat, rstd;  // [N, C, ...] and [1, C, 1, ...]
+  const DType acc = accumulation_dtype(x.dtype());
+  Tensor xhat, rstd, y;  // xhat, y: [N, C, ...] in x's dtype; rstd: [1, C, 1, ...] in acc
   {
     NoGradGuard no_grad;
+    const Tensor xa = x.to(acc);
+    Tensor xhat_acc;
     if (training) {
       RT_CHECK(n > 1, "batch_norm: training needs more than one value per channel, got input ",
                x.describe());
-      Tensor mean = rt::mean(x, dims, /*keepdim=*/true);
-      Tensor centered = rt::sub(x, mean);
+      Tensor mean = rt::mean(xa, dims, /*keepdim=*/true);
+      Tensor centered = rt::sub(xa, mean);
       Tensor var = rt::mean(rt::mul(centered, centered), dims, /*keepdim=*/true);
       rstd = rt::pow(rt::add(var, eps), -0.5);
-      xhat = rt::mul(centered, rstd);
-      if (running_mean.defined()) {
-        Tensor rm = running_mean;
-        rt::mul_(rm, 1.0 - momentum);
-        rt::add_(rm, mean.reshape({channels}), momentum);
-      }
-      if (running_var.defined()) {
-        Tensor rv = running_var;
-        rt::mul_(rv, 1.0 - momentum);
-        rt::add_(rv, var.reshape({channels}), momentum * static_cast<double>(n) / static_cast<double>(n - 1));
-      }
+      xhat_acc = rt::mul(centered, rstd);
+      update_running_stat(running_mean, mean.reshape({channels}), momentum, momentum);
+      update_running_stat(running_var, var.reshape({channels}), momentum,
+                          momentum * static_cast<double>(n) / static_cast<double>(n - 1));
     } else {
       RT_CHECK(running_mean.defined() && running_var.defined(),
                "batch_norm: eval mode needs running_mean and running_var");
-      rstd = rt::pow(rt::add(running_var.reshape(channel_shape), eps), -0.5);
-      xhat = rt::mul(rt::sub(x, running_mean.reshape(channel_shape)), rstd);
+      rstd = rt::pow(rt::add(running_var.to(acc).reshape(channel_shape), eps), -0.5);
+      xhat_acc = rt::mul(rt::sub(xa, running_mean.to(acc).reshape(channel_shape)), rstd);
     }
+    Tensor y_acc = weight.defined() ? rt::mul(xhat_acc, weight.to(acc).reshape(channel_shape)) : xhat_acc;
+    if (bias.defined()) y_acc = rt::add(y_acc, bias.to(acc).reshape(channel_shape));
+    xhat = xhat_acc.to(x.dtype());
+    y = y_acc.is_same(xhat_acc) ? xhat : y_acc.to(x.dtype());
   }
-  Tensor w = weight.defined() ? weight.reshape(channel_shape) : Tensor();
-  Tensor y = w.defined() ? rt::mul(xhat, w) : xhat;
-  if (bias.defined()) y = rt::add(y, bias.reshape(channel_shape));
-  if (!w.defined() && !bias.defined() && y.is_same(xhat)) y = autograd::alias(xhat);
-  return record("batch_norm", {x, weight, bias}, y, {weight},
-                [training, xhat, rstd, dims, channels](const Tensor& g, Ctx& c) -> Grads {
-                  Shape channel_shape(xhat.dim(), 1);
+  return record("batch_norm", {x, weight, bias}, y, {weight, xhat},
+                [training, rstd, dims, channels, x_dtype = x.dtype(),
+                 bias_dtype = bias.defined() ? bias.dtype() : x.dtype()](const Tensor& g, Ctx& c) -> Grads {
+                  const DType acc = rstd.dtype();
+                  Shape channel_shape(rstd.dim(), 1);
                   channel_shape[1] = channels;
                   const Tensor& weight = c.saved(0);
-                  Tensor dxhat = weight.defined() ? rt::mul(g, weight.reshape(channel_shape)) : g;
+                  const Tensor ga = g.to(acc);
                   Grads out(3);
-                  if (c.needs(0)) {
-                    if (training) {
-                      Tensor mean_dxhat = rt::mean(dxhat, dims, true);
-                      Tensor mean_dxhat_xhat = rt::mean(rt::mul(dxhat, xhat), dims, true);
-                      out[0] = rt::mul(rt::sub(rt::sub(dxhat, mean_dxhat), rt::mul(xhat, mean_dxhat_xhat)), rstd);
-                    } else {
-                      out[0] = rt::mul(dxhat, rstd);
-                    }
+                  if (c.needs(0) || c.needs(1)) {
+                    const Tensor xhat = c.saved(1).to(acc);
+                    Tensor dxhat = weight.defined() ? rt::mul(ga, weight.to(acc).reshape(channel_shape)) : ga;
+                    if (c.needs(0))
+                      out[0] = training ? normalized_input_grad(dxhat, xhat, rstd, dims, x_dtype)
+                                        : rt::mul(dxhat, rstd).to(x_dtype);
+                    if (c.needs(1)) out[1] = rt::sum(rt::mul(ga, xhat), dims).to(weight.dtype());
                   }
-                  if (c.needs(1)) out[1] = rt::sum(rt::mul(g, xhat), dims);
-                  if (c.needs(2)) out[2] = rt::sum(g, dims);
+                  if (c.needs(2)) out[2] = rt::sum(ga, dims).to(bias_dtype);
                   return out;
                 });
 }
@@ -731,31 +788,37 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   for (const Tensor* t : {&weight, &bias})
     RT_CHECK(!t->defined() || t->shape() == normalized_shape, "layer_norm: ", t->describe(),
              " must have normalized_shape ", shape_str(normalized_shape));
+  check_affine_dtypes("layer_norm", x, weight, bias);
   std::vector<int64_t> dims;
   for (int64_t d = x.dim() - k; d < x.dim(); ++d) dims.push_back(d);
-  Tensor xhat, rstd;
+  const DType acc = accumulation_dtype(x.dtype());
+  Tensor xhat, rstd, y;  // as in batch_norm: xhat and y in x's dtype, rstd in acc
   {
     NoGradGuard no_grad;
-    Tensor mean = rt::mean(x, dims, true);
-    Tensor centered = rt::sub(x, mean);
+    const Tensor xa = x.to(acc);
+    Tensor mean = rt::mean(xa, dims, true);
+    Tensor centered = rt::sub(xa, mean);
     rstd = rt::pow(rt::add(rt::mean(rt::mul(centered, centered), dims, true), eps), -0.5);
-    xhat = rt::mul(centered, rstd);
+    Tensor xhat_acc = rt::mul(centered, rstd);
+    Tensor y_acc = weight.defined() ? rt::mul(xhat_acc, weight.to(acc)) : xhat_acc;
+    if (bias.defined()) y_acc = rt::add(y_acc, bias.to(acc));
+    xhat = xhat_acc.to(x.dtype());
+    y = y_acc.is_same(xhat_acc) ? xhat : y_acc.to(x.dtype());
   }
-  Tensor y = weight.defined() ? rt::mul(xhat, weight) : xhat;
-  if (bias.defined()) y = rt::add(y, bias);
-  if (y.is_same(xhat)) y = autograd::alias(xhat);
-  return record("layer_norm", {x, weight, bias}, y, {weight},
-                [xhat, rstd, dims, ns = normalized_shape](const Tensor& g, Ctx& c) -> Grads {
+  return record("layer_norm", {x, weight, bias}, y, {weight, xhat},
+                [rstd, dims, ns = normalized_shape, x_dtype = x.dtype(),
+                 bias_dtype = bias.defined() ? bias.dtype() : x.dtype()](const Tensor& g, Ctx& c) -> Grads {
+                  const DType acc = rstd.dtype();
                   const Tensor& weight = c.saved(0);
-                  Tensor dxhat = weight.defined() ? rt::mul(g, weight) : g;
+                  const Tensor ga = g.to(acc);
                   Grads out(3);
-                  if (c.needs(0)) {
-                    Tensor mean_dxhat = rt::mean(dxhat, dims, true);
-                    Tensor mean_dxhat_xhat = rt::mean(rt::mul(dxhat, xhat), dims, true);
-                    out[0] = rt::mul(rt::sub(rt::sub(dxhat, mean_dxhat), rt::mul(xhat, mean_dxhat_xhat)), rstd);
+                  if (c.needs(0) || c.needs(1)) {
+                    const Tensor xhat = c.saved(1).to(acc);
+                    Tensor dxhat = weight.defined() ? rt::mul(ga, weight.to(acc)) : ga;
+                    if (c.needs(0)) out[0] = normalized_input_grad(dxhat, xhat, rstd, dims, x_dtype);
+                    if (c.needs(1)) out[1] = rt::sum_to(rt::mul(ga, xhat), ns).to(weight.dtype());
                   }
-                  if (c.needs(1)) out[1] = rt::sum_to(rt::mul(g, xhat), ns);
-                  if (c.needs(2)) out[2] = rt::sum_to(g, ns);
+                  if (c.needs(2)) out[2] = rt::sum_to(ga, ns).to(bias_dtype);
                   return out;
                 });
 }

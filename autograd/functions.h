@@ -32,6 +32,7 @@ Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor div(const Tensor& a, const Tensor& b);
 Tensor pow(const Tensor& a, const Tensor& b);  // a > 0 where b's gradient is needed
+// At a tie (a == b) each input gets half the gradient, as in PyTorch.
 Tensor maximum(const Tensor& a, const Tensor& b);
 Tensor minimum(const Tensor& a, const Tensor& b);
 Tensor add(const Tensor& a, double b);
@@ -98,10 +99,15 @@ Tensor log_softmax(const Tensor& a, int64_t dim);
 // x [N, C] or [N, C, *]; statistics over every dim but 1. In training mode the
 // batch statistics normalise and running_mean/var (if defined) are updated in
 // place: r = (1 - momentum) r + momentum * stat, with the unbiased variance. In
-// eval mode the running statistics normalise. weight/bias may be undefined.
+// eval mode the running statistics normalise. weight/bias may be undefined; when
+// given they have x's dtype. Float16/bfloat16 input: statistics, output and
+// gradients are computed in float32 and rounded back (running statistics may be
+// float32 or x's dtype). Without weight and bias, modifying the output in place
+// makes the backward throw (it is the normalised input the backward reads).
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                   const Tensor& running_var, bool training, double momentum, double eps);
-// Normalises over the last normalized_shape.size() dims; weight/bias of that shape or undefined.
+// Normalises over the last normalized_shape.size() dims; weight/bias of that shape and x's
+// dtype, or undefined. Computes in float32 for float16/bfloat16 input, as batch_norm.
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
                   const Tensor& bias, double eps);
 // x * mask / (1 - p) with mask ~ Bernoulli(1 - p) from `gen`; identity when !training or p == 0.

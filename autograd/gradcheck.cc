@@ -2,7 +2,9 @@
 // a time (under no_grad, then restored), so the inputs' storage must be writable.
 #include "autograd/gradcheck.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <sstream>
 
 #include "autograd/autograd.h"
@@ -54,14 +56,27 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
         minus = project(f(inputs));
         fill_(element, original);
       }
-      double numeric = (plus - minus) / (2.0 * options.eps);
-      double err = std::fabs(analytic_values[j] - numeric);
-      result.max_abs_error = std::max(result.max_abs_error, err);
-      if (err > options.atol + options.rtol * std::fabs(numeric) && result.ok) {
+      const double numeric = (plus - minus) / (2.0 * options.eps);
+      const double analytic = analytic_values[j];
+      // A non-finite value passes only against the same infinity (+inf vs +inf): a NaN
+      // rule used to pass, as every comparison with NaN is false (err > tol too), and an
+      // infinite numeric value made the tolerance inf. `close` tests err <= tol (not
+      // !(err > tol)), so any NaN that slips through counts as a failure as well.
+      const bool finite = std::isfinite(analytic) && std::isfinite(numeric);
+      const bool same_infinity = !finite && analytic == numeric;
+      const double err = same_infinity ? 0.0 : std::fabs(analytic - numeric);  // NaN with a NaN
+      // std::max drops a NaN in its second argument: keep it, so a NaN shows in the result.
+      if (std::isnan(err) || std::isnan(result.max_abs_error)) {
+        result.max_abs_error = std::numeric_limits<double>::quiet_NaN();
+      } else {
+        result.max_abs_error = std::max(result.max_abs_error, err);
+      }
+      const bool close = same_infinity || (finite && err <= options.atol + options.rtol * std::fabs(numeric));
+      if (!close && result.ok) {
         result.ok = false;
         std::ostringstream os;
         os << "gradcheck: input " << i << " (" << in.describe() << ") element " << j
-           << ": analytic " << analytic_values[j] << " vs numeric " << numeric;
+           << ": analytic " << analytic << " vs numeric " << numeric;
         result.message = os.str();
       }
     }

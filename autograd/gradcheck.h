@@ -20,14 +20,15 @@ namespace ringtrain::autograd {
 
 struct GradcheckOptions {
   double eps = 1e-6;   // finite-difference step
-  double atol = 1e-5;  // |analytic - numeric| <= atol + rtol * |numeric|
+  double atol = 1e-5;  // |analytic - numeric| <= atol + rtol * |numeric|, both finite
+                       // (or the same infinity); NaN or inf against anything else fails
   double rtol = 1e-3;
   uint64_t seed = 0;   // for the projection vector v
 };
 
 struct GradcheckResult {
   bool ok = true;             // every element within tolerance
-  double max_abs_error = 0;   // over all checked elements
+  double max_abs_error = 0;   // over all checked elements; NaN if any error is NaN
   std::string message;        // first failure: input, element, analytic, numeric
 };
 

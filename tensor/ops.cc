@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <tuple>
+#include <utility>
 
 #include "tensor/kernels.h"
 #include "tensor/memory_overlap.h"
@@ -106,9 +108,40 @@ Tensor binary_op(BinaryOp op, const Tensor& a, const Tensor& b) {
   return out;
 }
 
+bool is_comparison(BinaryOp op) {
+  return op == BinaryOp::kEq || op == BinaryOp::kNe || op == BinaryOp::kLt || op == BinaryOp::kLe ||
+         op == BinaryOp::kGt || op == BinaryOp::kGe;
+}
+
+// An integer tensor compared with a scalar that is not one of its values (2.5, -0.5, NaN,
+// 1e30): the kernels convert the scalar to the tensor's dtype, truncating and saturating,
+// so lt(int{2}, 2.5) was 0 and eq(int{2}, 2.5) was 1. PyTorch compares in a floating dtype.
+// Here the comparison is rewritten into an exact one against an integer the dtype holds
+// (x < 2.5 <=> x <= 2, x > -0.5 <=> x > -1, x == 2.5 never), which gives the answer of
+// comparing the exact values, on every device, without int64's rounding in double.
+std::pair<BinaryOp, double> exact_integer_comparison(BinaryOp op, double s, DType dtype) {
+  // [lo, -lo) is the dtype's range; both ends are powers of two, exact in double.
+  RT_CHECK(dtype == DType::kInt32 || dtype == DType::kInt64, "exact_integer_comparison: no range known for ",
+           dtype_name(dtype), "; add it here");
+  const double lo = dtype == DType::kInt32 ? -2147483648.0 : -9223372036854775808.0;
+  if (s >= lo && s < -lo && s == std::floor(s)) return {op, s};  // a value of the dtype: exact already
+  const std::pair<BinaryOp, double> always_true{BinaryOp::kGe, lo}, always_false{BinaryOp::kLt, lo};
+  if (std::isnan(s)) return op == BinaryOp::kNe ? always_true : always_false;
+  if (op == BinaryOp::kEq) return always_false;  // no value of the dtype equals s
+  if (op == BinaryOp::kNe) return always_true;
+  const bool below = op == BinaryOp::kLt || op == BinaryOp::kLe;  // asks "x < s" or "x <= s"
+  if (s >= -lo) return below ? always_true : always_false;        // above the range, +inf too
+  if (s < lo) return below ? always_false : always_true;          // below the range, -inf too
+  // A fraction inside the range: floor(s) is a value of the dtype, and for an integer x,
+  // x < s and x <= s mean x <= floor(s); x > s and x >= s mean x > floor(s).
+  return {below ? BinaryOp::kLe : BinaryOp::kGt, std::floor(s)};
+}
+
 Tensor scalar_op(BinaryOp op, const Tensor& a, double b) {
   const char* name = kernels::binary_op_name(op);
   check_defined(a, name, "operand");
+  if (!is_floating_point(a.dtype()) && is_comparison(op))
+    std::tie(op, b) = exact_integer_comparison(op, b, a.dtype());
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
   if (out.numel() > 0) RT_KERNEL(a, binary_scalar)(op, a, b, out);
   return out;
@@ -298,6 +331,9 @@ Tensor pow(const Tensor& a, double exponent) { return scalar_op(BinaryOp::kPow, 
 Tensor gt(const Tensor& a, double b) { return scalar_op(BinaryOp::kGt, a, b); }
 Tensor lt(const Tensor& a, double b) { return scalar_op(BinaryOp::kLt, a, b); }
 Tensor eq(const Tensor& a, double b) { return scalar_op(BinaryOp::kEq, a, b); }
+Tensor ne(const Tensor& a, double b) { return scalar_op(BinaryOp::kNe, a, b); }
+Tensor le(const Tensor& a, double b) { return scalar_op(BinaryOp::kLe, a, b); }
+Tensor ge(const Tensor& a, double b) { return scalar_op(BinaryOp::kGe, a, b); }
 
 Tensor neg(const Tensor& a) { return unary_op(UnaryOp::kNeg, a); }
 Tensor exp(const Tensor& a) { return unary_op(UnaryOp::kExp, a); }

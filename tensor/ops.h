@@ -25,7 +25,9 @@
 //    division by zero throws on the CPU and gives 0 on CUDA (a kernel cannot throw).
 //  * A float value stored into an integer tensor (to(), full/fill_, masked_fill,
 //    a tensor-scalar op's scalar) is truncated toward zero and saturated to the
-//    dtype's range; NaN becomes 0 (saturating_float_to_int, dtype.h).
+//    dtype's range; NaN becomes 0 (saturating_float_to_int, dtype.h). Comparisons
+//    with a scalar are the exception: they compare the exact values, as PyTorch
+//    does (lt(int64{2}, 2.5) is 1, eq(int64{2}, 2.5) is 0).
 #pragma once
 
 #include <cstdint>
@@ -128,6 +130,9 @@ Tensor pow(const Tensor& a, double exponent);
 Tensor gt(const Tensor& a, double b);
 Tensor lt(const Tensor& a, double b);
 Tensor eq(const Tensor& a, double b);
+Tensor ne(const Tensor& a, double b);
+Tensor le(const Tensor& a, double b);
+Tensor ge(const Tensor& a, double b);
 
 Tensor neg(const Tensor& a);
 Tensor exp(const Tensor& a);

@@ -87,7 +87,18 @@ ScopedDefaultGenerator::ScopedDefaultGenerator(Generator& gen) : previous_(threa
 ScopedDefaultGenerator::~ScopedDefaultGenerator() { thread_default_generator = previous_; }
 
 Tensor& uniform_(Tensor& t, double low, double high, Generator& gen) {
+  // Non-finite bounds, or a range whose width overflows (-1e308, 1e308), would fill the
+  // tensor with inf/NaN (low + inf * u); as in PyTorch, they are errors.
+  RT_CHECK(std::isfinite(low) && std::isfinite(high), "uniform_: the bounds must be finite, got low ",
+           low, " and high ", high, "; pass finite bounds (for a very wide range, scale a narrower draw)");
   RT_CHECK(low <= high, "uniform_: low ", low, " is greater than high ", high);
+  RT_CHECK(std::isfinite(high - low), "uniform_: the range [", low, ", ", high,
+           ") is too wide: high - low overflows to inf; narrow the bounds");
+  if (is_floating_point(t.dtype())) {
+    RT_CHECK(std::isfinite(stored_as(t.dtype(), low)) && std::isfinite(stored_as(t.dtype(), high)),
+             "uniform_: the bounds low ", low, " and high ", high, " are out of range for ",
+             t.describe(), " (they would be stored as inf); narrow them or use a wider dtype");
+  }
   std::vector<uint32_t> words(static_cast<size_t>(t.numel()));
   gen.next_uint32(words.data(), words.size());
   std::vector<double> values(words.size());

@@ -2,9 +2,11 @@
 #include "nn/data/mnist.h"
 
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <type_traits>
@@ -118,10 +120,24 @@ Tensor read_idx(const std::string& path, DType dtype, double scale) {
     using T = decltype(tag);
     T* dst = out.data<T>();
     decode_all(code, p + header, count, [&](size_t i, double v) {
+      const double value = v * scale;
       if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
-        dst[i] = T(static_cast<float>(v * scale));
+        dst[i] = T(static_cast<float>(value));
+      } else if constexpr (std::is_integral_v<T>) {
+        // A static_cast of NaN, inf or an out-of-range value to an integer is undefined
+        // behaviour, and 3.7 would silently become 3: an integer dtype takes only values
+        // it holds exactly. [-2^k, 2^k) is T's range; both ends are exact in double.
+        const double limit = std::ldexp(1.0, std::numeric_limits<T>::digits);
+        if (!(std::isfinite(value) && value == std::trunc(value) && value >= -limit && value < limit)) {
+          std::ostringstream os;
+          os << "element " << i << " is " << value << (scale != 1.0 ? " after scaling" : "")
+             << ", not an integer that " << dtype_name(dtype)
+             << " holds; read this file into a floating-point dtype (read_idx(path, DType::kFloat32))";
+          throw FileFormatError(path, os.str());
+        }
+        dst[i] = static_cast<T>(value);
       } else {
-        dst[i] = static_cast<T>(v * scale);
+        dst[i] = static_cast<T>(value);
       }
     });
   });

@@ -281,7 +281,9 @@ template <BinaryOp OP, typename T>
 void binary_scalar_typed(const Tensor& a, double scalar, const Tensor& out) {
   StridedLoop<2> loop(out.shape(), {&out.strides(), &a.strides()}, {isz<T>(), isz<T>()});
   // The scalar takes the tensor's dtype; f16/bf16 compute in f32, so it stays an f32.
-  // Integer dtypes: saturating, NaN -> 0 (detail::store), never an undefined cast.
+  // Integer dtypes: saturating, NaN -> 0 (detail::store), never an undefined cast. A
+  // comparison of an integer tensor reaches here already rewritten by ops.cc (scalar_op)
+  // against a value the dtype holds (x < 2.5 as x <= 2), so the truncation is exact.
   const Compute<T> sv = [scalar] {
     if constexpr (detail::kIsFloat<T>) return static_cast<Compute<T>>(scalar);
     else return detail::store<T>(scalar);

@@ -224,6 +224,8 @@ void launch_binary(BinaryOp op, const Tensor& a, const Tensor* b, double scalar,
     const T* b_data = b != nullptr ? static_cast<const T*>(b->data_ptr()) : nullptr;
     // The scalar in the compute type as the CPU converts it: for integers truncated and
     // saturated, NaN -> 0 (a static_cast of 1e30 or NaN to int is undefined behaviour).
+    // Integer comparisons arrive rewritten by ops.cc (scalar_op) against a value the dtype
+    // holds (x < 2.5 as x <= 2), so they are exact here too, as on the CPU.
     const A scalar_a = convert<A>(scalar);
     if constexpr (std::is_integral_v<A>)
       RT_CHECK(b != nullptr || op != BinaryOp::kDiv || scalar_a != A(0), name, ": integer division of ",

@@ -436,6 +436,29 @@ TEST(Engine, InPlaceWritesThroughAnotherViewOfASavedTensorAreCaught) {
   EXPECT_NEAR(values(grad(z))[0], std::exp(2.0f), 1e-5);
 }
 
+// Without weight and bias, BatchNorm's and LayerNorm's output is the xhat their backward
+// reads. An in-place write to that output (y.mul_(2)) used to change the gradient silently;
+// xhat is now saved through the version check, so the backward names the op instead.
+TEST(Engine, InPlaceWriteToANormOutputWithoutAffineIsCaught) {
+  for (bool batch : {true, false}) {
+    SCOPED_TRACE(batch ? "batch_norm" : "layer_norm");
+    Tensor x = param({1, 2, 4, 3, 0, 7}, {3, 2});
+    Tensor y = batch ? ag::batch_norm(x, Tensor(), Tensor(), Tensor(), Tensor(), true, 0.1, 1e-5)
+                     : ag::layer_norm(x, {2}, Tensor(), Tensor(), 1e-5);
+    mul_(y, 2.0);
+    Tensor loss = ag::sum(ag::mul(y, 3.0));  // saves nothing: only the norm can object
+    expect_error([&] { backward(loss); },
+                 {batch ? "batch_norm" : "layer_norm", "modified by an in-place operation"});
+  }
+  // With weight and bias the output is a tensor of its own: writing to it is harmless.
+  Tensor x = param({1, 2, 4, 3, 0, 7}, {3, 2});
+  Tensor w = param({1, 1}, {2}), b = param({0, 0}, {2});
+  Tensor y = ag::batch_norm(x, w, b, Tensor(), Tensor(), true, 0.1, 1e-5);
+  mul_(y, 2.0);
+  backward(ag::sum(ag::mul(y, 3.0)));
+  EXPECT_EQ(values(grad(b)), (std::vector<float>{9, 9}));
+}
+
 // A hook may register or remove hooks while the engine runs the hooks (a one-shot hook
 // removes itself): it used to be a use-after-free (leaf) or a bad_function_call that
 // skipped the remaining hooks (non-leaf).

@@ -3,8 +3,11 @@
 // broadcasting, non-contiguous inputs and the ops' options exercised.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "autograd/autograd.h"
@@ -210,6 +213,100 @@ TEST(GradcheckOps, SoftmaxAndNorms) {
   }, {leaf({2, 3, 4}, 46)});
 }
 
+// At a tie the max/min subgradient is split as in PyTorch: g / 2 to each input (it used to
+// go all to a), so maximum(x, x) has gradient 1, not 2 or 0. Where either is NaN, both get g.
+TEST(GradcheckOps, MaximumMinimumSplitTheGradientAtTies) {
+  const double nan = std::nan("");
+  auto grads = [](bool is_max, std::vector<double> av, std::vector<double> bv, Shape bshape) {
+    Tensor a = Tensor::from_vector<double>(av, {static_cast<int64_t>(av.size())});
+    Tensor b = Tensor::from_vector<double>(bv, bshape);
+    autograd::set_requires_grad(a);
+    autograd::set_requires_grad(b);
+    autograd::backward(ag::sum(is_max ? ag::maximum(a, b) : ag::minimum(a, b)));
+    return std::make_pair(autograd::grad(a).to_vector<double>(), autograd::grad(b).to_vector<double>());
+  };
+  using V = std::vector<double>;
+  EXPECT_EQ(grads(true, {1, 2, 3, 4, nan}, {1, 0, 5, 4, 1}, {5}),
+            std::make_pair(V{0.5, 1, 0, 0.5, 1}, V{0.5, 0, 1, 0.5, 1}));
+  EXPECT_EQ(grads(false, {1, 2, 3, 4, nan}, {1, 0, 5, 4, 1}, {5}),
+            std::make_pair(V{0.5, 0, 1, 0.5, 1}, V{0.5, 1, 0, 0.5, 1}));
+  // Broadcast: the tied halves of a [1] operand are summed back.
+  EXPECT_EQ(grads(true, {1, 2, 3, 2}, {2}, {1}), std::make_pair(V{0, 0.5, 1, 0.5}, V{2}));
+  EXPECT_EQ(grads(false, {1, 2, 3, 2}, {2}, {1}), std::make_pair(V{1, 0.5, 0, 0.5}, V{2}));
+  // The same tensor on both sides: two halves, one whole gradient.
+  Tensor x = Tensor::from_vector<double>({-1, 0, 2}, {3});
+  autograd::set_requires_grad(x);
+  autograd::backward(ag::sum(ag::add(ag::maximum(x, x), ag::minimum(x, x))));
+  EXPECT_EQ(autograd::grad(x).to_vector<double>(), (V{2, 2, 2}));
+}
+
+// BatchNorm and LayerNorm compute their statistics in float32 for float16/bfloat16 input, as
+// PyTorch does. In half, {0, 600, 0, 600} squared its centred values (300^2 = 90000 > 65504):
+// the variance was inf, the output all 0, the running variance inf and the input gradient 0;
+// in bfloat16, the mean of {256, 258, 256, 258} rounded to 256 before the centring
+// (outputs 0 and 1.41). Each run is compared with the same run in float32.
+struct NormRun {
+  std::vector<float> y, dx, dw, db, running_mean, running_var;
+};
+NormRun run_norm(bool batch, const std::vector<float>& values, DType dtype, bool affine) {
+  Tensor x = Tensor::from_vector<float>(values, batch ? Shape{4, 1} : Shape{1, 4}).to(dtype);
+  autograd::set_requires_grad(x);
+  const Shape param_shape = batch ? Shape{1} : Shape{4};
+  Tensor w = full(param_shape, 2.0, dtype), b = full(param_shape, 0.5, dtype);
+  if (affine) {
+    autograd::set_requires_grad(w);
+    autograd::set_requires_grad(b);
+  }
+  Tensor rm = zeros({1}, dtype), rv = ones({1}, dtype);
+  Tensor y = batch ? ag::batch_norm(x, affine ? w : Tensor(), affine ? b : Tensor(), rm, rv, true, 0.1, 1e-5)
+                   : ag::layer_norm(x, {4}, affine ? w : Tensor(), affine ? b : Tensor(), 1e-5);
+  EXPECT_EQ(y.dtype(), dtype);
+  Tensor v = Tensor::from_vector<float>({1, 2, 3, 4}, y.shape()).to(dtype);
+  autograd::backward(ag::sum(ag::mul(y, v)));
+  EXPECT_EQ(autograd::grad(x).dtype(), dtype);
+  auto f32 = [](const Tensor& t) { return t.to(DType::kFloat32).to_vector<float>(); };
+  NormRun run{f32(y), f32(autograd::grad(x)), {}, {}, f32(rm), f32(rv)};
+  if (affine) {
+    run.dw = f32(autograd::grad(w));
+    run.db = f32(autograd::grad(b));
+  }
+  return run;
+}
+void expect_close_to(const std::vector<float>& got, const std::vector<float>& want, double rel,
+                     const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(std::isfinite(got[i])) << what << "[" << i << "] = " << got[i];
+    EXPECT_NEAR(got[i], want[i], rel * std::max(1e-3, std::fabs(static_cast<double>(want[i]))))
+        << what << "[" << i << "]";
+  }
+}
+
+TEST(GradcheckOps, NormsOfHalfInputsComputeStatisticsInFloat32) {
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (bool batch : {true, false}) {
+      for (const std::vector<float>& values :
+           {std::vector<float>{0, 600, 0, 600}, std::vector<float>{256, 258, 256, 258}}) {
+        for (bool affine : {false, true}) {
+          SCOPED_TRACE(std::string(dtype_name(dtype)) + (batch ? " batch_norm" : " layer_norm") + " x0 " +
+                       std::to_string(values[0]) + (affine ? " affine" : ""));
+          NormRun half = run_norm(batch, values, dtype, affine);
+          NormRun ref = run_norm(batch, values, DType::kFloat32, affine);
+          if (!affine) expect_close_to(half.y, {-1, 1, -1, 1}, 1e-2, "y");
+          expect_close_to(half.y, ref.y, 1e-2, "y");
+          expect_close_to(half.dx, ref.dx, 2e-2, "dx");
+          expect_close_to(half.dw, ref.dw, 2e-2, "dw");
+          expect_close_to(half.db, ref.db, 2e-2, "db");
+          if (batch) {
+            expect_close_to(half.running_mean, ref.running_mean, 1e-2, "running_mean");
+            expect_close_to(half.running_var, ref.running_var, 1e-2, "running_var");
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(GradcheckOps, DropoutEmbeddingIndex) {
   expect_gradcheck("dropout", [](const Inputs& x) {
     Generator gen(7);  // same mask on every call: f stays deterministic
@@ -251,6 +348,28 @@ TEST(GradcheckOps, DetectsAWrongRule) {
                             });
   };
   EXPECT_FALSE(gradcheck(wrong, {leaf({4}, 54)}).ok);
+}
+
+// A rule that returns NaN (or inf) must fail too: every comparison with NaN is false, so the
+// old test err > tol passed it, and the report's max_abs_error hid it (std::max drops NaN).
+TEST(GradcheckOps, DetectsANaNOrInfiniteRule) {
+  for (double bad : {std::nan(""), HUGE_VAL, -HUGE_VAL}) {
+    SCOPED_TRACE(bad);
+    auto broken = [bad](const Inputs& x) {
+      return autograd::record("broken_double", {x[0]}, mul(x[0], 2.0), {},
+                              [bad](const Tensor& g, autograd::BackwardContext&) -> std::vector<Tensor> {
+                                return {mul(g, bad)};
+                              });
+    };
+    auto r = gradcheck(broken, {leaf({3}, 55)});
+    EXPECT_FALSE(r.ok) << "max abs error " << r.max_abs_error;
+    EXPECT_NE(r.message.find("analytic"), std::string::npos) << r.message;
+    if (std::isnan(bad)) {
+      EXPECT_TRUE(std::isnan(r.max_abs_error)) << r.max_abs_error;
+    } else {
+      EXPECT_TRUE(std::isinf(r.max_abs_error)) << r.max_abs_error;
+    }
+  }
 }
 
 }  // namespace

@@ -108,6 +108,38 @@ TEST_F(DataFilesTest, ReadIdxOtherTypesBigEndian) {
   EXPECT_EQ(read_idx(path("f64"), DType::kFloat64).item(), -0.25);
 }
 
+// A float IDX payload read into an integer dtype: NaN, inf and out-of-range values were a
+// static_cast with undefined behaviour, and 3.7 silently became 3. Now each is an error that
+// names the file and the element; integral values (and float dtypes) still load.
+TEST_F(DataFilesTest, ReadIdxRejectsNonIntegralValuesForIntegerDtypes) {
+  // float32 [3]: 1, <bad>, 2 (big-endian bits)
+  auto f32_file = [&](const std::string& name, const char* bad_bits) {
+    write(name, std::string("\0\0\x0d\x01\0\0\0\x03\x3f\x80\0\0", 12) + std::string(bad_bits, 4) +
+                    std::string("\x40\0\0\0", 4));
+  };
+  f32_file("frac", "\x40\x6c\xcc\xcd");  // 3.7
+  f32_file("nan", "\x7f\xc0\0\0");
+  f32_file("inf", "\xff\x80\0\0");        // -inf
+  f32_file("huge", "\x60\xad\x78\xec");  // 1e20: beyond int64
+  f32_file("big32", "\x4f\x00\0\0");     // 2^31: fits int64, not int32
+  f32_file("ok", "\xc0\x40\0\0");        // -3
+  for (DType dtype : {DType::kInt64, DType::kInt32}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    for (const char* name : {"frac", "nan", "inf", "huge"})
+      expect_file_error([&] { read_idx(path(name), dtype); }, path(name), "element 1 is");
+    EXPECT_EQ(read_idx(path("ok"), dtype).to(DType::kInt64).to_vector<int64_t>(),
+              (std::vector<int64_t>{1, -3, 2}));
+  }
+  expect_file_error([&] { read_idx(path("frac"), DType::kInt64); }, path("frac"), "3.7");
+  expect_file_error([&] { read_idx(path("big32"), DType::kInt32); }, path("big32"), "int32");
+  EXPECT_EQ(read_idx(path("big32"), DType::kInt64).to_vector<int64_t>(),
+            (std::vector<int64_t>{1, 2147483648, 2}));
+  EXPECT_FLOAT_EQ(read_idx(path("frac")).to_vector<float>()[1], 3.7f);  // a float dtype takes it as it is
+  // uint8 pixels scaled into an integer dtype are fractions too.
+  write_idx_u8(path("u8"), {0, 51}, {2});
+  expect_file_error([&] { read_idx(path("u8"), DType::kInt64, 1.0 / 255.0); }, path("u8"), "after scaling");
+}
+
 TEST_F(DataFilesTest, MissingMnistFileNamesIt) {
   expect_file_error([&] { load_mnist(dir_.string(), MnistSplit::kTest); },
                     path("t10k-images-idx3-ubyte"), "not found");

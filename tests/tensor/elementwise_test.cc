@@ -387,6 +387,49 @@ TEST(BinaryScalar, AllOpsAllDtypes) {
   }
 }
 
+// An integer tensor compared with a scalar it cannot hold: the scalar used to be truncated to
+// the dtype (2.5 -> 2, -0.5 -> 0, NaN -> 0, 1e30 -> max), so lt(int{2}, 2.5) was 0 and
+// eq(int{2}, 2.5) was 1. The answers are now those of comparing the exact values, as
+// PyTorch gives.
+TEST(BinaryScalar, IntegerComparedWithAFractionIsExact) {
+  using Fn = Tensor (*)(const Tensor&, double);
+  struct Case {
+    const char* name;
+    Fn fn;
+    bool (*exact)(double, double);
+  };
+  const Case cases[] = {
+      {"lt", &lt, [](double x, double s) { return x < s; }},
+      {"le", &le, [](double x, double s) { return x <= s; }},
+      {"gt", &gt, [](double x, double s) { return x > s; }},
+      {"ge", &ge, [](double x, double s) { return x >= s; }},
+      {"eq", &eq, [](double x, double s) { return x == s; }},
+      {"ne", &ne, [](double x, double s) { return x != s; }},
+  };
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> xs = {-3, -1, 0, 1, 2, 3};
+  for (DType dtype : kIntTypes) {
+    Tensor a = Tensor::from_vector<double>(xs, {6}).to(dtype);
+    for (double s : {2.5, -0.5, 2.0, 1e30, -1e30, inf, -inf, std::nan("")}) {
+      for (const Case& c : cases) {
+        SCOPED_TRACE(std::string(c.name) + " " + dtype_name(dtype) + " vs " + std::to_string(s));
+        std::vector<int64_t> want;
+        for (double x : xs) want.push_back(c.exact(x, s) ? 1 : 0);
+        Tensor y = c.fn(a, s);
+        EXPECT_EQ(y.dtype(), dtype);
+        EXPECT_EQ(y.to(DType::kInt64).to_vector<int64_t>(), want);
+      }
+    }
+  }
+  // int64 near its limits: exact, where a comparison in double would round x (2^53 + 1).
+  const int64_t big = (int64_t{1} << 53) + 1, max = std::numeric_limits<int64_t>::max();
+  Tensor a = Tensor::from_vector<int64_t>({big, max, std::numeric_limits<int64_t>::min()}, {3});
+  EXPECT_EQ(eq(a, 9007199254740992.0).to_vector<int64_t>(), (std::vector<int64_t>{0, 0, 0}));
+  EXPECT_EQ(gt(a, 9007199254740992.0).to_vector<int64_t>(), (std::vector<int64_t>{1, 1, 0}));
+  EXPECT_EQ(lt(a, 9223372036854775808.0).to_vector<int64_t>(), (std::vector<int64_t>{1, 1, 1}));  // 2^63
+  EXPECT_EQ(ge(a, -9223372036854775808.0).to_vector<int64_t>(), (std::vector<int64_t>{1, 1, 1}));
+}
+
 TEST(BinaryScalar, OperatorsMatchFunctions) {
   Tensor a = random_tensor({3, 4}, DType::kFloat64, 9);
   Tensor b = random_tensor({4}, DType::kFloat64, 10);

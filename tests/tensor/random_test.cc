@@ -3,8 +3,11 @@
 // state save/restore, and the statistics of uniform/normal/bernoulli/randperm.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <set>
+#include <string>
+#include <utility>
 
 #include "tests/tensor/reference.h"
 
@@ -135,6 +138,28 @@ TEST(Generator, UniformStaysBelowHighInEveryDtype) {
     EXPECT_LT(*std::max_element(u.begin(), u.end()), 2.0f);
     EXPECT_GE(*std::min_element(u.begin(), u.end()), 1.0f);
   }
+}
+
+// Non-finite bounds or a range whose width overflows used to fill the tensor with inf/NaN
+// (low + (high - low) * u); bounds a narrow dtype cannot hold were stored as inf.
+TEST(Generator, UniformRejectsNonFiniteBoundsAndRanges) {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+  Generator gen(1);
+  Tensor t = Tensor::empty({4}, DType::kFloat64);
+  for (auto [low, high] :
+       {std::pair{0.0, inf}, std::pair{-inf, 0.0}, std::pair{nan, 1.0}, std::pair{0.0, nan}}) {
+    SCOPED_TRACE(std::to_string(low) + ", " + std::to_string(high));
+    EXPECT_TRUE(throws_with([&] { uniform_(t, low, high, gen); }, {"uniform_", "finite"}));
+  }
+  const double big = std::numeric_limits<double>::max();
+  EXPECT_TRUE(throws_with([&] { uniform_(t, -big, big, gen); }, {"uniform_", "too wide", "overflows"}));
+  Tensor h = Tensor::empty({4}, DType::kFloat16);
+  EXPECT_TRUE(throws_with([&] { uniform_(h, -1e5, 1e5, gen); }, {"uniform_", "float16", "out of range"}));
+  // The widest finite cases still work, and every value is finite.
+  uniform_(t, -big / 2, big / 2, gen);
+  for (double v : t.to_vector<double>()) EXPECT_TRUE(std::isfinite(v)) << v;
+  uniform_(h, -65504.0, 65504.0, gen);
+  for (float v : h.to(DType::kFloat32).to_vector<float>()) EXPECT_TRUE(std::isfinite(v)) << v;
 }
 
 }  // namespace
