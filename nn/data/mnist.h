@@ -25,6 +25,8 @@
 namespace ringtrain::data {
 
 // Reads an IDX file into a CPU tensor of `dtype` (values converted, then multiplied by `scale`).
+// Into an integer dtype, a value that is not a whole number in its range after scaling (a
+// float payload's 3.7, NaN, inf, 1e20) is a FileFormatError naming the file and element.
 Tensor read_idx(const std::string& path, DType dtype = DType::kFloat32, double scale = 1.0);
 
 // Writes `values` (row-major, shape `dims`) as an uncompressed uint8 IDX file. Used by tests
