@@ -3,6 +3,7 @@
 
 #include "autograd/graph.h"
 
+#include <iterator>
 #include <sstream>
 
 #include "autograd/autograd.h"
@@ -75,8 +76,66 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
 }
 
 void DistributedDataParallel::verify_same_state() {
+  // The options first: broadcast_buffers decides below whether buffers are compared
+  // (a collective), so ranks that disagree on it must be stopped before that.
+  verify_same_options();
   verify_same_tensors(module_->named_parameters(), /*parameters=*/true);
-  verify_same_tensors(module_->named_buffers(), /*parameters=*/false);
+  // Buffers only when they are broadcast, as PyTorch checks parameters only: with
+  // broadcast_buffers=false each rank keeps its own buffers, and they may legitimately
+  // differ (per-rank statistics, a per-rank cache of another size).
+  if (options_.broadcast_buffers) verify_same_tensors(module_->named_buffers(), /*parameters=*/false);
+}
+
+void DistributedDataParallel::verify_same_options() {
+  // The options that decide which collectives DDP issues, and in what order or size:
+  // the bucket layout (caps; symmetric allocations are collective themselves, and
+  // copying mode allocates a spare and allreduces which spares to replace), the
+  // used-parameter allreduce (find_unused_parameters, static_graph), the buffer
+  // broadcasts. Ranks that disagree on one would average unrelated buffers or wait in
+  // a collective the others never issue. `overlap` is not among them: it moves the
+  // launches in time, not the sequence.
+  struct Field {
+    const char* name;
+    int64_t value;
+    bool is_bool;
+  };
+  const Field fields[] = {
+      {"bucket_cap_bytes", static_cast<int64_t>(options_.bucket_cap_bytes), false},
+      {"first_bucket_bytes", static_cast<int64_t>(options_.first_bucket_bytes), false},
+      {"find_unused_parameters", options_.find_unused_parameters, true},
+      {"static_graph", options_.static_graph, true},
+      {"gradient_as_bucket_view", options_.gradient_as_bucket_view, true},
+      {"symmetric_buckets", options_.symmetric_buckets, true},
+      {"broadcast_buffers", options_.broadcast_buffers, true},
+  };
+  constexpr size_t kFields = std::size(fields);
+  const int world = group_->size();
+  std::vector<int64_t> mine(kFields), all(kFields * world);
+  for (size_t f = 0; f < kFields; ++f) mine[f] = fields[f].value;
+  group_->allgather({mine.data(), mine.size(), DType::kInt64, Device::cpu()}, {all.data(), all.size(), DType::kInt64, Device::cpu()})
+      .wait(group_->options().timeout);
+  auto show = [](const Field& field, int64_t value) -> std::string {
+    if (field.is_bool) return value ? "true" : "false";
+    return std::to_string(value);
+  };
+  std::ostringstream differences;
+  for (size_t f = 0; f < kFields; ++f) {
+    const int64_t reference = all[f];
+    std::ostringstream others;
+    for (int r = 1; r < world; ++r) {
+      const int64_t value = all[r * kFields + f];
+      if (value == reference) continue;
+      others << (others.tellp() > 0 ? ", " : "") << show(fields[f], value) << " on rank " << r;
+    }
+    if (others.tellp() == 0) continue;
+    differences << (differences.tellp() > 0 ? "; " : "") << fields[f].name << " is "
+                << show(fields[f], reference) << " on rank 0 but " << others.str();
+  }
+  if (differences.tellp() == 0) return;
+  throw Error(detail::concat(
+      "DistributedDataParallel: ranks were given different DdpOptions: ", differences.str(),
+      ". These options decide which collectives DDP issues (bucket layout, buffer broadcasts, the "
+      "unused-parameter allreduce), so every rank must pass the same values"));
 }
 
 void DistributedDataParallel::verify_same_tensors(const std::vector<std::pair<std::string, Tensor>>& named,

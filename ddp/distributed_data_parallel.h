@@ -3,10 +3,14 @@
 // defines: DdpOptions, DistributedDataParallel (with NoSyncGuard).
 //
 // Construction (a collective: every rank must construct at the same point):
-//   1. verify that every rank has the same parameters and buffers (count, then
-//      dtype, requires_grad and shape of each, in order; a tensor reached under two
-//      names, tied weights, counts once); on mismatch throw naming the first differing
-//      tensor and the ranks, instead of hanging or silently averaging unrelated tensors;
+//   1. verify that every rank passed the same DdpOptions (those that decide the
+//      collectives: bucket caps, find_unused_parameters, static_graph,
+//      gradient_as_bucket_view, symmetric_buckets, broadcast_buffers), and has the
+//      same parameters and, with broadcast_buffers, buffers (count, then dtype,
+//      requires_grad and shape of each, in order; a tensor reached under two names,
+//      tied weights, counts once); on mismatch throw naming the first differing
+//      tensor (or every differing option) and the ranks, instead of hanging or
+//      silently averaging unrelated tensors;
 //   2. broadcast parameters (and buffers, with broadcast_buffers) from rank 0, so all
 //      replicas start equal;
 //   3. build the Reducer (buckets + post-accumulate hooks on every parameter).
@@ -76,9 +80,11 @@ class DistributedDataParallel {
   const StepStats& last_stats() const { return reducer_->last_stats(); }
 
  private:
-  // Every rank has the same parameters and buffers (count, dtype, shape, and which
-  // parameters require grad); else an error naming the first that differs.
+  // Every rank has the same options, parameters and (with broadcast_buffers) buffers
+  // (count, dtype, shape, and which parameters require grad); else an error naming
+  // the first tensor that differs, or every option that does.
   void verify_same_state();
+  void verify_same_options();
   void verify_same_tensors(const std::vector<std::pair<std::string, Tensor>>& named, bool parameters);
   void broadcast_state(bool parameters, bool buffers);
 

@@ -1,83 +1,181 @@
 // hierarchical_allreduce.cc: see hierarchical_allreduce.h.
 #include "ddp/hierarchical_allreduce.h"
 
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
 #include "tensor/ops.h"
 
 namespace ringtrain::ddp {
 
+// Everything the worker and the hooks use, behind one shared_ptr: a hook registered
+// with DDP keeps it alive after the HierarchicalAllreduce that made it is gone, so a
+// bucket reduced then still has its groups and its worker (a raw `this` in the hook
+// would point at freed memory). The worker holds a raw pointer: it is joined in
+// ~State, which therefore never runs on the worker itself.
+struct HierarchicalAllreduce::State {
+  struct Job {
+    comm::BufferRef buffer;
+    std::shared_ptr<comm::WorkState> state;
+  };
+
+  ~State() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      stopping = true;
+    }
+    changed.notify_all();
+    if (worker.joinable()) worker.join();
+  }
+
+  comm::Work enqueue(comm::BufferRef buffer);
+  void worker_loop();
+  // Aborts the sub-groups with `reason` (first caller only) and fails every queued and
+  // later job with it.
+  void fail_all(const std::string& reason);
+
+  std::shared_ptr<comm::ProcessGroup> world;
+  std::shared_ptr<comm::ProcessGroup> intra;  // ranks on my node, leader = local rank 0
+  std::shared_ptr<comm::ProcessGroup> inter;  // the node leaders (null on non-leaders)
+  int nodes = 1;                              // number of nodes (leaders)
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::deque<Job> queue;
+  bool stopping = false;
+  bool aborting = false;         // fail_all has begun: the groups are (being) aborted
+  std::exception_ptr failure;    // set by fail_all: every queued and later job fails with it
+  std::thread worker;
+};
+
 HierarchicalAllreduce::HierarchicalAllreduce(std::shared_ptr<comm::ProcessGroup> world, int node,
                                              int local_rank)
-    : world_(std::move(world)) {
-  RT_CHECK(world_ != nullptr, "HierarchicalAllreduce: process group is null");
+    : state_(std::make_shared<State>()) {
+  State& s = *state_;
+  s.world = std::move(world);
+  RT_CHECK(s.world != nullptr, "HierarchicalAllreduce: process group is null");
   RT_CHECK(node >= 0 && local_rank >= 0, "HierarchicalAllreduce: node (", node, ") and local rank (",
            local_rank, ") must be non-negative");
-  intra_ = world_->split(/*color=*/node, /*key=*/local_rank);
-  inter_ = world_->split(/*color=*/intra_->rank() == 0 ? 0 : -1, /*key=*/node);
+  s.intra = s.world->split(/*color=*/node, /*key=*/local_rank);
+  s.inter = s.world->split(/*color=*/s.intra->rank() == 0 ? 0 : -1, /*key=*/node);
   // Everyone learns the number of nodes: leaders count themselves.
-  int32_t leader = intra_->rank() == 0 ? 1 : 0;
-  world_->allreduce({&leader, 1, DType::kInt32, Device::cpu()}, comm::ReduceOp::kSum).wait(world_->options().timeout);
-  nodes_ = leader;
-  worker_ = std::thread([this] { worker_loop(); });
+  int32_t leader = s.intra->rank() == 0 ? 1 : 0;
+  s.world->allreduce({&leader, 1, DType::kInt32, Device::cpu()}, comm::ReduceOp::kSum)
+      .wait(s.world->options().timeout);
+  s.nodes = leader;
+  s.worker = std::thread([raw = state_.get()] { raw->worker_loop(); });
 }
 
-HierarchicalAllreduce::~HierarchicalAllreduce() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
-  }
-  changed_.notify_all();
-  worker_.join();
+bool HierarchicalAllreduce::is_leader() const { return state_->inter != nullptr; }
+int HierarchicalAllreduce::nodes() const { return state_->nodes; }
+
+comm::Work HierarchicalAllreduce::allreduce_sum(comm::BufferRef buffer) { return state_->enqueue(buffer); }
+
+void HierarchicalAllreduce::abort(const std::string& reason) {
+  state_->fail_all(detail::concat("HierarchicalAllreduce aborted on rank ", state_->world->rank(), ": ", reason));
 }
 
-comm::Work HierarchicalAllreduce::allreduce_sum(comm::BufferRef buffer) {
-  auto state = std::make_shared<comm::WorkState>([buffer] {
+comm::Work HierarchicalAllreduce::State::enqueue(comm::BufferRef buffer) {
+  auto work = std::make_shared<comm::WorkState>([buffer] {
     return "hierarchical allreduce (" + std::to_string(buffer.count) + " x " + dtype_name(buffer.dtype) + ")";
   });
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    queue_.push_back({buffer, state});
+    std::lock_guard<std::mutex> lock(mutex);
+    if (failure) {
+      // The chain is broken on this rank (its groups are aborted): fail now, not after
+      // a timeout in a group that can no longer run anything.
+      work->mark_failed(failure);
+      return comm::Work(work);
+    }
+    queue.push_back({buffer, work});
   }
-  changed_.notify_all();
-  return comm::Work(state);
+  changed.notify_all();
+  return comm::Work(work);
 }
 
-void HierarchicalAllreduce::worker_loop() {
+void HierarchicalAllreduce::State::fail_all(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (aborting) return;  // the first reason is the one everybody reports
+    aborting = true;
+  }
+  // The groups first: abort() publishes the reason before it closes the transports, so
+  // a member waiting in the step-3 broadcast (or a leader in step 2) fails at once with
+  // it, instead of at the collective timeout or, worse, pairing this rank's next
+  // bucket's reduce with its broadcast.
+  for (comm::ProcessGroup* group : {intra.get(), inter.get()})
+    if (group != nullptr && !group->failed()) group->abort(reason);
+  std::deque<Job> dropped;
+  std::exception_ptr error = std::make_exception_ptr(comm::CommError(reason));
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    failure = error;
+    dropped.swap(queue);
+  }
+  changed.notify_all();  // a worker waiting to fail its own job with the first reason
+  for (Job& job : dropped) job.state->mark_failed(error);
+}
+
+void HierarchicalAllreduce::State::worker_loop() {
   while (true) {
     Job job;
     {
-      std::unique_lock<std::mutex> lock(mutex_);
-      changed_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping, nothing left
-      job = std::move(queue_.front());
-      queue_.pop_front();
+      std::unique_lock<std::mutex> lock(mutex);
+      changed.wait(lock, [this] { return stopping || !queue.empty(); });
+      if (queue.empty()) return;  // stopping, nothing left
+      job = std::move(queue.front());
+      queue.pop_front();
     }
     // Each step waits for the previous one, so each is launched kBlocking: the
     // sub-groups serve only this thread, are idle, and run the step right here
     // instead of handing it to their comm threads and back.
+    const char* step = "1 (reduce inside the node)";
     try {
       // step 1: reduce inside the node onto its leader
-      intra_->reduce(job.buffer, 0, comm::ReduceOp::kSum, comm::Launch::kBlocking);
+      intra->reduce(job.buffer, 0, comm::ReduceOp::kSum, comm::Launch::kBlocking);
       // step 2: allreduce across nodes, leaders only
-      if (inter_) inter_->allreduce(job.buffer, comm::ReduceOp::kSum, comm::Launch::kBlocking);
+      step = "2 (allreduce among the node leaders)";
+      if (inter) inter->allreduce(job.buffer, comm::ReduceOp::kSum, comm::Launch::kBlocking);
       // step 3: the leader hands the total to its node
-      intra_->broadcast(job.buffer, 0, comm::Launch::kBlocking);
+      step = "3 (broadcast inside the node)";
+      intra->broadcast(job.buffer, 0, comm::Launch::kBlocking);
       job.state->mark_completed();
     } catch (...) {
-      job.state->mark_failed(std::current_exception());
+      const std::string what = detail::current_exception_what();
+      const std::string reason = detail::concat("HierarchicalAllreduce: ", job.state->description(),
+                                                " failed on rank ", world->rank(), " in step ", step, ": ", what);
+      fail_all(reason);
+      // This job fails like the queued ones, with the first reason: this one, or that of
+      // an abort() on another thread that got there first (and may still be aborting).
+      std::unique_lock<std::mutex> lock(mutex);
+      changed.wait(lock, [this] { return failure != nullptr; });
+      job.state->mark_failed(failure);
     }
   }
 }
 
-CommHook HierarchicalAllreduce::hook() {
-  return [this](comm::ProcessGroup& group, Bucket& bucket) -> CommHookResult {
+CommHook HierarchicalAllreduce::hook() const {
+  // The hook shares the state: DDP may reduce buckets after this object is gone.
+  return [state = state_](comm::ProcessGroup& group, Bucket& bucket) -> CommHookResult {
+    // The sum runs over the groups split from the world this object was built on, not
+    // over `group`: were DDP's group another one (a sub-group, another world), every
+    // bucket would be summed over the wrong ranks and divided by the wrong size. The
+    // same object is required: comm exposes no member list to compare two groups by.
+    RT_CHECK(&group == state->world.get(), "HierarchicalAllreduce::hook: DDP reduces over a process group (",
+             group.backend_name(), ", rank ", group.rank(), " of ", group.size(),
+             ") that is not the one this HierarchicalAllreduce was built on (", state->world->backend_name(),
+             ", rank ", state->world->rank(), " of ", state->world->size(),
+             "), so it would sum the buckets over the wrong ranks; build the HierarchicalAllreduce on the "
+             "same ProcessGroup object you pass to DistributedDataParallel");
     Tensor flat = bucket.flat;
-    const double world = static_cast<double>(world_->size());
+    const double world = static_cast<double>(state->world->size());
     if (is_reduced_precision_float(flat.dtype())) {
       // Divide before summing: a 16-bit sum of N gradients overflows at 65504 / N.
       div_(flat, world);
-      return {allreduce_sum(buffer_of(flat)), nullptr};
+      return {state->enqueue(buffer_of(flat)), nullptr};
     }
-    comm::Work work = allreduce_sum(buffer_of(flat));
+    comm::Work work = state->enqueue(buffer_of(flat));
     return {work, [flat, world]() mutable { div_(flat, world); }};
   };
 }

@@ -17,13 +17,16 @@
 // (each with its own comm thread), so a small worker thread chains them and
 // completes one Work per bucket; buckets are processed in the order they are
 // issued, which is identical on every rank.
+//
+// Failure: when a step throws on one rank (a leader's network allreduce lost a
+// peer, say), that rank cannot finish the chain, and its node's members would wait
+// in the step-3 broadcast, then pair the next bucket's reduce with it. So the
+// worker aborts both sub-groups with the reason (the peers fail at once, quoting
+// it) and fails every queued and later allreduce of this object with it.
 #pragma once
 
-#include <condition_variable>
-#include <deque>
 #include <memory>
-#include <mutex>
-#include <thread>
+#include <string>
 
 #include "comm/process_group.h"
 #include "ddp/reducer.h"
@@ -35,34 +38,31 @@ class HierarchicalAllreduce {
   // Collective over `world`: `node` identifies this rank's node (e.g. SLURM_NODEID,
   // or rank / local_world_size), `local_rank` its place inside the node.
   HierarchicalAllreduce(std::shared_ptr<comm::ProcessGroup> world, int node, int local_rank);
-  ~HierarchicalAllreduce();
+  // The groups and the worker live on while a hook() still holds them (DDP may
+  // outlive this object); the last holder stops the worker.
+  ~HierarchicalAllreduce() = default;
   HierarchicalAllreduce(const HierarchicalAllreduce&) = delete;
   HierarchicalAllreduce& operator=(const HierarchicalAllreduce&) = delete;
 
   // Sums `buffer` over all ranks of the world group (asynchronously).
   comm::Work allreduce_sum(comm::BufferRef buffer);
-  // A DDP comm hook: sum hierarchically, then divide by the world size.
-  CommHook hook();
+  // A DDP comm hook: sum hierarchically, then divide by the world size. The DDP it
+  // is registered with must reduce over the same ProcessGroup object this was built
+  // on (else the hook throws, naming both): it sums over this object's groups, not
+  // over the group DDP passes.
+  CommHook hook() const;
+  // Fails this object on purpose (the caller cannot go on): aborts the node and
+  // leader sub-groups with `reason`, so that the peers fail with it instead of at
+  // the collective timeout, and fails every queued and later allreduce_sum. The
+  // world group itself is left alone.
+  void abort(const std::string& reason);
 
-  bool is_leader() const { return inter_ != nullptr; }
-  int nodes() const { return nodes_; }
+  bool is_leader() const;
+  int nodes() const;
 
  private:
-  struct Job {
-    comm::BufferRef buffer;
-    std::shared_ptr<comm::WorkState> state;
-  };
-  void worker_loop();
-
-  std::shared_ptr<comm::ProcessGroup> world_;
-  std::shared_ptr<comm::ProcessGroup> intra_;  // ranks on my node, leader = local rank 0
-  std::shared_ptr<comm::ProcessGroup> inter_;  // the node leaders (null on non-leaders)
-  int nodes_ = 1;                              // number of nodes (leaders)
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::deque<Job> queue_;
-  bool stopping_ = false;
-  std::thread worker_;
+  struct State;  // groups, queue and worker; shared with the hooks handed out
+  std::shared_ptr<State> state_;
 };
 
 }  // namespace ringtrain::ddp

@@ -222,12 +222,40 @@ void Reducer::offer_bucket_slots() {
   }
 }
 
+void Reducer::check_parameters_match_buckets() {
+  // module->to(another dtype or device) after wrapping converts the parameters in place
+  // (same tensors), but the buckets keep the dtype and device they were built with.
+  // Left alone, that fails later and far away (a gradient destination of the wrong
+  // dtype, a copy between devices), and only with more than one rank, where buckets are
+  // used: say what happened, at every world size.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    const Tensor& flat = buckets_[locators_[i].bucket_index].flat;
+    if (p.dtype() == flat.dtype() && p.device() == flat.device()) continue;
+    auto describe = [&](const Tensor& t) {
+      std::string out;
+      if (p.dtype() != flat.dtype()) out = dtype_name(t.dtype());
+      if (p.device() != flat.device()) out += (out.empty() ? "on " : " on ") + t.device().str();
+      return out;
+    };
+    const std::string message = detail::concat(
+        "DDP: parameter '", names_[i], "' is ", describe(p), " but was ", describe(flat),
+        " when DDP was built (its gradient bucket is sized and placed for that); call module->to() "
+        "before wrapping the module in DistributedDataParallel, or wrap it again after converting");
+    // The peers (which may not have converted) would wait for this rank in the first
+    // bucket's allreduce until the timeout: fail them now with the reason.
+    if (group_->size() > 1) group_->abort(message);
+    throw Error(message);
+  }
+}
+
 void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync) {
   if (!pending_error_.empty()) {
     std::string message = std::move(pending_error_);
     pending_error_.clear();
     throw Error(message);
   }
+  check_parameters_match_buckets();
   // A backward that launched buckets and then threw never reached finalize_backward:
   // its collectives may still be running on the comm thread, into bucket memory that
   // is reset below. Let them end first (a no-op after a finalized step).
@@ -369,8 +397,11 @@ void Reducer::mark_variable_ready(size_t index, bool used) {
   }
 }
 
-void Reducer::launch_ready_buckets() {
-  if (!options_.overlap) return;  // everything launches in finalize_backward
+void Reducer::launch_ready_buckets(bool backward_done) {
+  // Without overlap everything launches once backward is done (finalize_backward).
+  // A parameter, not a toggle of options_.overlap: a hook that throws then must not
+  // leave overlap switched on for every later step.
+  if (!options_.overlap && !backward_done) return;
   // Strictly in index order: a complete bucket waits for all lower-indexed buckets,
   // so that every rank issues the same collective sequence.
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
@@ -382,12 +413,15 @@ void Reducer::launch_ready_buckets() {
       CommHookResult result = comm_hook_(*group_, bucket);
       bucket.work = std::move(result.work);
       bucket.finish = std::move(result.finish);
-    } catch (const std::exception& e) {
+    } catch (...) {
       // The hook (a user's, or a compression cast out of memory) issued no collective
       // for this bucket, so the peers would wait in theirs until the timeout: abort the
-      // group with the reason, and they fail at once with it.
+      // group with the reason, and they fail at once with it. Whatever it threw: a
+      // user's hook may throw something that is no std::exception, and letting that
+      // through would strand the peers just the same.
+      const std::string what = detail::current_exception_what();
       const std::string reason = detail::concat("DDP: the communication hook failed for bucket ",
-                                                next_bucket_ - 1, " on rank ", group_->rank(), ": ", e.what());
+                                                next_bucket_ - 1, " on rank ", group_->rank(), ": ", what);
       if (group_->size() > 1) group_->abort(reason);
       throw Error(reason);
     }
@@ -434,11 +468,7 @@ void Reducer::finalize_backward() {
     return;
   }
   // Step 2: without overlap, everything goes out now (still in index order).
-  if (!options_.overlap) {
-    options_.overlap = true;
-    launch_ready_buckets();
-    options_.overlap = false;
-  }
+  if (!options_.overlap) launch_ready_buckets(/*backward_done=*/true);
   // Step 3: wait for the collectives in order and finish them (average/decompress).
   Clock::time_point wait_start = Clock::now();
   size_t bytes = 0;

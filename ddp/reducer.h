@@ -153,7 +153,12 @@ class Reducer {
   Tensor allocate_bucket(int64_t numel, const Tensor& like, bool* symmetric);
   void on_gradient_ready(size_t index);
   void mark_variable_ready(size_t index, bool used);
-  void launch_ready_buckets();
+  // Launches the complete buckets whose turn it is; without overlap only once
+  // `backward_done` (from finalize_backward).
+  void launch_ready_buckets(bool backward_done = false);
+  // Each parameter still has its bucket's dtype and device (module->to() after
+  // wrapping changes them); else throws naming the parameter and the fix.
+  void check_parameters_match_buckets();
   void finalize_backward();
   void maybe_rebuild_buckets();
   void offer_bucket_slots();  // bucket slots as autograd's gradient destinations

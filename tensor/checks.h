@@ -38,6 +38,17 @@ std::string concat(const Args&... args) {
   (os << ... << args);
   return os.str();
 }
+// Inside a catch (...): what the exception being handled says, also when it is no
+// std::exception (a user's callback may throw anything), for a message to peers.
+inline std::string current_exception_what() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception not derived from std::exception";
+  }
+}
 }  // namespace detail
 
 }  // namespace ringtrain

@@ -6,16 +6,23 @@
 // whole global batch, so the comparison needs no second program. Tolerance:
 // 1e-5 relative (f32; the sums run in another order).
 //
-// Every rank runs every test in the same order, so their collectives match.
+// Every rank runs every test in the same order, so their collectives match. A test body
+// never returns early on one rank only (no ASSERT_* in a loop or before a collective,
+// no `if (HasFailure()) return;`): the other ranks would wait in that rank's next
+// collective. Failures are recorded with EXPECT_*/ADD_FAILURE, every rank finishes the
+// body, and the fixture's TearDown then has the ranks agree: a test that failed on some
+// rank fails on every rank, naming it.
 //
 // RINGTRAIN_TEST_DEVICE=cuda runs the tests that go through train_and_compare with
 // the models and batches on GPU 0 (label cuda: gradients in CUDA buckets, reduced
 // through the ring backend (CUDA IPC on one host) or NCCL).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -115,6 +122,8 @@ Batch rank_slice(const Batch& b) {
   return {b.x.narrow(0, start, kPerRankBatch).contiguous(), b.y.narrow(0, start, kPerRankBatch).contiguous()};
 }
 
+// Returns at the first mismatch (one message, not thousands); the caller goes on, so
+// that every rank issues the same collectives afterwards.
 void expect_same_parameters(nn::Module& a, nn::Module& b, double rtol = 1e-5) {
   auto pa = a.named_parameters(), pb = b.named_parameters();
   ASSERT_EQ(pa.size(), pb.size());
@@ -156,8 +165,7 @@ void run_and_compare(DistributedDataParallel& ddp, nn::Module& reference, Opt op
     }
     opt_ddp->step();
     opt_ref->step();
-    expect_same_parameters(ddp.module(), reference);
-    if (::testing::Test::HasFatalFailure()) return;
+    expect_same_parameters(ddp.module(), reference);  // no early return: see the top
   }
 }
 
@@ -169,6 +177,22 @@ void train_and_compare(std::shared_ptr<nn::Module> model, std::shared_ptr<nn::Mo
   run_and_compare(ddp, *reference, opt, steps, micro_batches);
 }
 
+// Every test of this suite runs on every rank. TearDown has the ranks agree on the
+// outcome (one small allgather on the world group): a failure recorded on one rank
+// fails the test on every rank, naming the rank whose output says why.
+class DdpMultiRank : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    int32_t failed_here = HasFailure() ? 1 : 0;
+    std::vector<int32_t> failed(g_world->size());
+    g_world->allgather({&failed_here, 1, DType::kInt32, Device::cpu()},
+                       {failed.data(), failed.size(), DType::kInt32, Device::cpu()})
+        .wait();
+    for (int r = 0; r < g_world->size(); ++r)
+      if (failed[r] && r != g_world->rank()) ADD_FAILURE() << "the test failed on rank " << r << " (its output says why)";
+  }
+};
+
 struct Case {
   const char* name;
   size_t bucket_cap;
@@ -177,7 +201,7 @@ struct Case {
   bool symmetric = true;  // buckets in symmetric memory where the group has it
 };
 
-TEST(DdpMultiRank, MatchesSingleProcessOnTheConcatenatedBatchForEveryBucketSize) {
+TEST_F(DdpMultiRank, MatchesSingleProcessOnTheConcatenatedBatchForEveryBucketSize) {
   const Case cases[] = {
       {"one parameter per bucket", 1, 1, false},
       {"default caps", kDefaultBucketBytesCap, kDefaultFirstBucketBytes, false},
@@ -205,7 +229,7 @@ TEST(DdpMultiRank, MatchesSingleProcessOnTheConcatenatedBatchForEveryBucketSize)
 // With the ring backend and every rank on this host, buckets live in symmetric memory
 // (two buffers per bucket in copying mode, one with gradient_as_bucket_view);
 // elsewhere in ordinary memory. The equivalence test above checks the results.
-TEST(DdpMultiRank, BucketsUseSymmetricMemoryWhereTheGroupHasIt) {
+TEST_F(DdpMultiRank, BucketsUseSymmetricMemoryWhereTheGroupHasIt) {
   const bool expect_symmetric = g_world->size() > 1 && std::string(g_world->backend_name()) == "ring" &&
                                 !std::getenv("RINGTRAIN_TRANSPORT");
   auto model = make_mlp(3);
@@ -219,7 +243,7 @@ TEST(DdpMultiRank, BucketsUseSymmetricMemoryWhereTheGroupHasIt) {
   for (const Bucket& bucket : plain.reducer().buckets()) EXPECT_FALSE(bucket.spare.defined());
 }
 
-TEST(DdpMultiRank, OneParameterPerBucketReallyMakesOneBucketPerParameter) {
+TEST_F(DdpMultiRank, OneParameterPerBucketReallyMakesOneBucketPerParameter) {
   auto model = make_mlp(3);
   DistributedDataParallel ddp(model, g_world, DdpOptions{.bucket_cap_bytes = 1, .first_bucket_bytes = 1});
   EXPECT_EQ(ddp.reducer().buckets().size(), model->parameters().size());
@@ -228,10 +252,34 @@ TEST(DdpMultiRank, OneParameterPerBucketReallyMakesOneBucketPerParameter) {
   EXPECT_EQ(one.reducer().buckets().size(), 1u);
 }
 
-TEST(DdpMultiRank, BucketsAreRebuiltFromTheRealGradientOrderAfterStepOne) {
-  auto model = make_mlp(5);
+// The layer registered first is applied last: backward makes its gradients first, the
+// opposite of the initial (reverse registration) bucket order, so a rebuild that kept
+// the initial layout, or used another order, is told apart from a right one.
+class AppliedInReverse : public nn::Cloneable<AppliedInReverse> {
+ public:
+  explicit AppliedInReverse(Generator& gen) : Cloneable("AppliedInReverse") {
+    late_ = register_module("late", nn::make<nn::Linear>(kHidden, kClasses, true, gen));    // params 0, 1
+    early_ = register_module("early", nn::make<nn::Linear>(kIn, kHidden, true, gen));       // params 2, 3
+  }
+  Tensor forward(const Tensor& x) override { return child(late_).forward(ag::relu(child(early_).forward(x))); }
+
+ private:
+  nn::ChildSlot<nn::Linear> late_, early_;
+};
+
+std::vector<int64_t> flatten(const std::vector<std::vector<size_t>>& assignment) {
+  std::vector<int64_t> out;
+  for (const auto& bucket : assignment) out.insert(out.end(), bucket.begin(), bucket.end());
+  return out;
+}
+
+TEST_F(DdpMultiRank, BucketsAreRebuiltFromTheRealGradientOrderAfterStepOne) {
+  Generator gen(5);
+  auto model = std::make_shared<AppliedInReverse>(gen);
   DistributedDataParallel ddp(model, g_world, DdpOptions{.bucket_cap_bytes = 1, .first_bucket_bytes = 1});
   EXPECT_FALSE(ddp.reducer().buckets_rebuilt());
+  // Before: one parameter per bucket, in reverse registration order (early.bias first).
+  EXPECT_EQ(flatten(ddp.reducer().bucket_assignment()), (std::vector<int64_t>{3, 2, 1, 0}));
   Batch b = rank_slice(global_batch(0));
   autograd::backward(ag::cross_entropy(ddp(b.x), b.y));
   EXPECT_TRUE(ddp.reducer().buckets_rebuilt());
@@ -247,14 +295,24 @@ TEST(DdpMultiRank, BucketsAreRebuiltFromTheRealGradientOrderAfterStepOne) {
   EXPECT_LE(stats.overlapped_ms, stats.backward_compute_ms + 1e-6);
   if (g_world->size() == 1) EXPECT_EQ(stats.comm_ms, 0.0);  // one rank: nothing is communicated
   EXPECT_EQ(ddp.reducer().last_bucket_timings().size(), stats.buckets);
-  EXPECT_EQ(ddp.reducer().last_grad_ready_times().size(), model->parameters().size());
-  // Backward makes the last layer's gradients first: bucket 0 holds the output layer.
-  auto assignment = ddp.reducer().bucket_assignment();
-  size_t n = model->parameters().size();
-  EXPECT_TRUE(assignment.front().front() == n - 1 || assignment.front().front() == n - 2);
+  // The order the gradients really arrived in on this rank; rank 0's is the one every
+  // rank rebuilds with (and, one graph everywhere, the same as this rank's).
+  std::vector<int64_t> ready;
+  for (const auto& [index, ms] : ddp.reducer().last_grad_ready_times()) ready.push_back(static_cast<int64_t>(index));
+  EXPECT_EQ(ready.size(), model->parameters().size());
+  std::vector<int64_t> rank0_order = ready;
+  rank0_order.resize(model->parameters().size(), -1);  // same size on every rank for the broadcast
+  g_world->broadcast({rank0_order.data(), rank0_order.size(), DType::kInt64, Device::cpu()}, 0).wait();
+  EXPECT_EQ(ready, rank0_order);
+  // late's gradients come first, early's last: not the initial layout.
+  std::vector<int64_t> late_first(rank0_order.begin(), rank0_order.begin() + 2);
+  std::sort(late_first.begin(), late_first.end());
+  EXPECT_EQ(late_first, (std::vector<int64_t>{0, 1})) << "rank 0's gradients arrived in an unexpected order";
+  EXPECT_EQ(flatten(ddp.reducer().bucket_assignment()), rank0_order)
+      << "the buckets were not rebuilt in the order the gradients arrived on rank 0";
 }
 
-TEST(DdpMultiRank, FindUnusedParametersHandlesABranchForwardNeverUses) {
+TEST_F(DdpMultiRank, FindUnusedParametersHandlesABranchForwardNeverUses) {
   for (Opt opt : {Opt::kSgd, Opt::kAdam}) {
     Generator g1(11 + g_world->rank()), g2(11);
     auto model = std::make_shared<TwoBranch>(g1);
@@ -272,7 +330,7 @@ TEST(DdpMultiRank, FindUnusedParametersHandlesABranchForwardNeverUses) {
 // A parameter no rank uses keeps the .grad it had, as in single-process training: after
 // zero_grad(set_to_none=false) that is zeros, which SGD's weight decay still acts on.
 // (Before, DDP dropped it, so a decayed unused weight diverged from the reference.)
-TEST(DdpMultiRank, UnusedParameterKeepsItsZeroedGradient) {
+TEST_F(DdpMultiRank, UnusedParameterKeepsItsZeroedGradient) {
   for (bool bucket_view : {false, true}) {
     SCOPED_TRACE(bucket_view ? "gradient_as_bucket_view" : "copying");
     Generator g1(31);
@@ -290,8 +348,8 @@ TEST(DdpMultiRank, UnusedParameterKeepsItsZeroedGradient) {
       Batch b = rank_slice(global_batch(step));
       autograd::backward(ag::cross_entropy(ddp(b.x), b.y));
       Tensor g = autograd::grad(unused);
-      ASSERT_TRUE(g.defined()) << "step " << step;
-      EXPECT_EQ(g.to_vector<float>(), std::vector<float>(g.numel(), 0.0f)) << "step " << step;
+      EXPECT_TRUE(g.defined()) << "step " << step;
+      if (g.defined()) EXPECT_EQ(g.to_vector<float>(), std::vector<float>(g.numel(), 0.0f)) << "step " << step;
       sgd.step();
     }
     // Three decayed steps: w * (1 - lr * wd)^3, on every rank alike.
@@ -305,7 +363,7 @@ TEST(DdpMultiRank, UnusedParameterKeepsItsZeroedGradient) {
 // head used to be marked ready, and its buckets launched, by the forward itself: the
 // extra allreduces were then paired with another rank's training ones, and the next
 // forward reset those buckets under them. Now it is marked at the first gradient hook.
-TEST(DdpMultiRank, ForwardsWithoutBackwardIssueNoCollectives) {
+TEST_F(DdpMultiRank, ForwardsWithoutBackwardIssueNoCollectives) {
   for (bool static_graph : {false, true}) {
     SCOPED_TRACE(static_graph ? "static_graph" : "find_unused_parameters");
     Generator g1(37 + g_world->rank()), g2(37);
@@ -328,13 +386,12 @@ TEST(DdpMultiRank, ForwardsWithoutBackwardIssueNoCollectives) {
       autograd::backward(ag::cross_entropy(reference->forward(global.x), global.y));
       opt_ddp.step();
       opt_ref.step();
-      expect_same_parameters(*model, *reference);
-      if (::testing::Test::HasFailure()) return;
+      expect_same_parameters(*model, *reference);  // no early return: see the top
     }
   }
 }
 
-TEST(DdpMultiRank, StaticGraphLearnsTheUnusedSetInStepOne) {
+TEST_F(DdpMultiRank, StaticGraphLearnsTheUnusedSetInStepOne) {
   Generator g1(13 + g_world->rank()), g2(13);
   auto model = std::make_shared<TwoBranch>(g1);
   auto reference = std::make_shared<TwoBranch>(g2);
@@ -344,7 +401,7 @@ TEST(DdpMultiRank, StaticGraphLearnsTheUnusedSetInStepOne) {
 // A parameter used only in the no_sync micro-batches of a step: the synced backward
 // does not reach it, but .grad holds what the micro-batches accumulated, and that
 // sum must be averaged like every other gradient (not zeroed, not dropped).
-TEST(DdpMultiRank, NoSyncGradientOfAParameterTheSyncedBackwardDoesNotUseIsReduced) {
+TEST_F(DdpMultiRank, NoSyncGradientOfAParameterTheSyncedBackwardDoesNotUseIsReduced) {
   for (bool as_view : {false, true}) {
     SCOPED_TRACE(as_view ? "gradient_as_bucket_view" : "copying mode");
     Generator g1(43 + g_world->rank()), g2(43);
@@ -375,14 +432,15 @@ TEST(DdpMultiRank, NoSyncGradientOfAParameterTheSyncedBackwardDoesNotUseIsReduce
         autograd::backward(ag::cross_entropy(reference->forward(global.x), global.y));
       }
       Tensor got = autograd::grad(model->param("unused.weight"));
-      ASSERT_TRUE(got.defined()) << "the no_sync gradient of unused.weight was dropped on rank "
+      EXPECT_TRUE(got.defined()) << "the no_sync gradient of unused.weight was dropped on rank "
                                  << g_world->rank();
-      EXPECT_LT(max_abs_diff(got, autograd::grad(reference->param("unused.weight"))), 1e-5)
-          << "step " << step << " rank " << g_world->rank();
+      if (got.defined()) {
+        EXPECT_LT(max_abs_diff(got, autograd::grad(reference->param("unused.weight"))), 1e-5)
+            << "step " << step << " rank " << g_world->rank();
+      }
       opt_ddp.step();
       opt_ref.step();
-      expect_same_parameters(*model, *reference);
-      if (::testing::Test::HasFatalFailure()) return;
+      expect_same_parameters(*model, *reference);  // no early return: see the top
     }
   }
 }
@@ -391,7 +449,7 @@ TEST(DdpMultiRank, NoSyncGradientOfAParameterTheSyncedBackwardDoesNotUseIsReduce
 // did not use in step 1. Pre-marking only what no rank used left rank 1's bucket
 // incomplete from step 2 on, while rank 0 waited for it in the allreduce (a hang).
 // The reference: one process computing the same mean of the ranks' losses.
-TEST(DdpMultiRank, StaticGraphWithAParameterOnlyRankZeroUsesTrainsLikeOneProcess) {
+TEST_F(DdpMultiRank, StaticGraphWithAParameterOnlyRankZeroUsesTrainsLikeOneProcess) {
   Generator g1(47 + g_world->rank()), g2(47);
   auto model = std::make_shared<TwoBranch>(g1);
   auto reference = std::make_shared<TwoBranch>(g2);
@@ -423,14 +481,13 @@ TEST(DdpMultiRank, StaticGraphWithAParameterOnlyRankZeroUsesTrainsLikeOneProcess
     autograd::backward(ag::div(loss, static_cast<double>(world)));
     opt_ddp.step();
     opt_ref.step();
-    expect_same_parameters(*model, *reference);
-    if (::testing::Test::HasFatalFailure()) return;
+    expect_same_parameters(*model, *reference);  // no early return: see the top
   }
 }
 
 // The same Linear used twice (weights tied): DDP lists and reduces it once, the
 // engine sums both uses into its one gradient, and training matches one process.
-TEST(DdpMultiRank, ModelThatReusesASubmoduleTrainsLikeOneProcess) {
+TEST_F(DdpMultiRank, ModelThatReusesASubmoduleTrainsLikeOneProcess) {
   auto make_tied = [](uint64_t seed) {
     Generator gen(seed);
     auto shared = nn::make<nn::Linear>(kIn, kIn, true, gen);
@@ -457,7 +514,7 @@ TEST(DdpMultiRank, ModelThatReusesASubmoduleTrainsLikeOneProcess) {
 // Frozen on one rank only: the ranks would bucket different parameter sets, and
 // the first collective would fail on a size that names no parameter. Construction
 // must name the parameter and the ranks instead.
-TEST(DdpMultiRank, ParameterFrozenOnOneRankOnlyIsNamedAtConstruction) {
+TEST_F(DdpMultiRank, ParameterFrozenOnOneRankOnlyIsNamedAtConstruction) {
   if (g_world->size() < 2) GTEST_SKIP() << "needs a second rank to disagree with";
   for (bool symmetric : {true, false}) {
     SCOPED_TRACE(symmetric ? "symmetric buckets" : "ordinary bucket memory");
@@ -466,7 +523,7 @@ TEST(DdpMultiRank, ParameterFrozenOnOneRankOnlyIsNamedAtConstruction) {
     if (g_world->rank() == 1) autograd::set_requires_grad(model->param("used.weight"), false);
     try {
       DistributedDataParallel ddp(model, g_world, DdpOptions{.symmetric_buckets = symmetric});
-      FAIL() << "expected a model mismatch error on rank " << g_world->rank();
+      ADD_FAILURE() << "expected a model mismatch error on rank " << g_world->rank();
     } catch (const Error& e) {
       std::string msg = e.what();
       EXPECT_NE(msg.find("used.weight"), std::string::npos) << msg;
@@ -477,7 +534,7 @@ TEST(DdpMultiRank, ParameterFrozenOnOneRankOnlyIsNamedAtConstruction) {
 }
 
 // (On a sub-group: DDP aborts the group it reduces on, and the world group must live on.)
-TEST(DdpMultiRank, UnusedParameterWithoutTheFlagFailsAtTheNextIterationNamingIt) {
+TEST_F(DdpMultiRank, UnusedParameterWithoutTheFlagFailsAtTheNextIterationNamingIt) {
   auto group = g_world->split(0, g_world->rank());
   Generator gen(17);
   auto model = std::make_shared<TwoBranch>(gen);
@@ -492,7 +549,7 @@ TEST(DdpMultiRank, UnusedParameterWithoutTheFlagFailsAtTheNextIterationNamingIt)
 // ranks never will. Rank 0 must fail within seconds, naming the parameters (not after
 // the 10-minute collective timeout with a sequence mismatch); the others at their
 // next forward, as above.
-TEST(DdpMultiRank, ParameterUnusedOnSomeRanksOnlyFailsEveryRankNamingIt) {
+TEST_F(DdpMultiRank, ParameterUnusedOnSomeRanksOnlyFailsEveryRankNamingIt) {
   if (g_world->size() < 2) GTEST_SKIP() << "needs a second rank to disagree with";
   auto group = g_world->split(0, g_world->rank());
   Generator gen(18);
@@ -515,7 +572,7 @@ TEST(DdpMultiRank, ParameterUnusedOnSomeRanksOnlyFailsEveryRankNamingIt) {
 // A communication hook that throws on one rank aborts the group: the other ranks fail at
 // once with its message. Before, they waited in that bucket's allreduce for the collective
 // timeout (10 minutes by default).
-TEST(DdpMultiRank, ACommHookThrowingOnOneRankFailsEveryRankWithItsMessage) {
+TEST_F(DdpMultiRank, ACommHookThrowingOnOneRankFailsEveryRankWithItsMessage) {
   if (g_world->size() < 2) GTEST_SKIP() << "needs a second rank to wait for the failing one";
   auto group = g_world->split(0, g_world->rank());
   auto model = make_mlp(43);
@@ -538,11 +595,66 @@ TEST(DdpMultiRank, ACommHookThrowingOnOneRankFailsEveryRankWithItsMessage) {
   g_world->barrier().wait();
 }
 
+// The same with a hook that throws something that is no std::exception (an int): that
+// escaped the reducer's catch, so the group was not aborted and the peers waited in the
+// bucket's allreduce until the timeout.
+TEST_F(DdpMultiRank, ACommHookThrowingANonStandardExceptionOnOneRankFailsEveryRank) {
+  if (g_world->size() < 2) GTEST_SKIP() << "needs a second rank to wait for the failing one";
+  auto group = g_world->split(0, g_world->rank());
+  auto model = make_mlp(43);
+  DistributedDataParallel ddp(model, group);
+  const bool fail_here = g_world->rank() == 1;
+  ddp.register_comm_hook([fail_here](comm::ProcessGroup& pg, Bucket& bucket) -> CommHookResult {
+    if (fail_here) throw 42;
+    return allreduce_average_hook(pg, bucket);
+  });
+  Batch b = rank_slice(global_batch(0));
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::string> expected = {"communication hook failed for bucket 0 on rank 1"};
+  if (fail_here) expected.push_back("an exception not derived from std::exception");
+  try {
+    autograd::backward(ag::cross_entropy(ddp(b.x), b.y));
+    ADD_FAILURE() << "expected the hook's failure on rank " << g_world->rank();
+  } catch (const Error& e) {
+    for (const std::string& part : expected) EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  } catch (...) {
+    // Caught here, not let out of the test: this rank must still reach the barrier below.
+    ADD_FAILURE() << "something other than a ringtrain::Error came out of backward on rank " << g_world->rank();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
+  g_world->barrier().wait();
+}
+
+// Without overlap the buckets launch once backward is done. A hook that threw there
+// left overlap switched on (the reducer turned it on for the launch and back off only
+// on success): later steps overlapped anyway. One rank per group: nothing to abort.
+TEST_F(DdpMultiRank, OverlapOffStaysOffAfterAHookThrewAtTheEndOfBackward) {
+  auto alone = g_world->split(g_world->rank(), 0);
+  auto model = make_mlp(79);
+  DistributedDataParallel ddp(model, alone,
+                              DdpOptions{.bucket_cap_bytes = 1, .first_bucket_bytes = 1, .overlap = false});
+  bool fail = true;
+  ddp.register_comm_hook([&fail](comm::ProcessGroup& pg, Bucket& bucket) -> CommHookResult {
+    if (fail) throw Error("the hook fails once on purpose");
+    return allreduce_average_hook(pg, bucket);
+  });
+  Batch b = rank_slice(global_batch(0));
+  expect_error([&] { autograd::backward(ag::cross_entropy(ddp(b.x), b.y)); }, {"the hook fails once on purpose"});
+  fail = false;
+  model->zero_grad();
+  autograd::backward(ag::cross_entropy(ddp(b.x), b.y));
+  const auto& timings = ddp.reducer().last_bucket_timings();
+  EXPECT_EQ(timings.size(), model->parameters().size());
+  for (const auto& t : timings)
+    EXPECT_GE(t.launch_ms, ddp.last_stats().backward_compute_ms)
+        << "bucket " << t.bucket << " was launched during backward although overlap is off";
+}
+
 // A misuse found inside backward on one rank only (here a weight penalty outside forward
 // on a parameter find_unused_parameters found unreachable): that rank throws, and its
 // peers fail at once with its message instead of waiting in the bucket's allreduce until
 // the timeout.
-TEST(DdpMultiRank, AMisuseFoundInBackwardOnOneRankFailsEveryRankWithItsMessage) {
+TEST_F(DdpMultiRank, AMisuseFoundInBackwardOnOneRankFailsEveryRankWithItsMessage) {
   if (g_world->size() < 2) GTEST_SKIP() << "needs a second rank to wait for the failing one";
   auto group = g_world->split(0, g_world->rank());
   Generator gen(61);
@@ -567,14 +679,14 @@ TEST(DdpMultiRank, AMisuseFoundInBackwardOnOneRankFailsEveryRankWithItsMessage) 
   g_world->barrier().wait();
 }
 
-TEST(DdpMultiRank, NoSyncAccumulatesLocallyAndReducesTheSum) {
+TEST_F(DdpMultiRank, NoSyncAccumulatesLocallyAndReducesTheSum) {
   auto model = make_mlp(19 + g_world->rank());
   auto reference = make_mlp(19);
   train_and_compare(model, reference, DdpOptions{.bucket_cap_bytes = 2048, .first_bucket_bytes = 512},
                     Opt::kSgd, /*steps=*/3, /*micro_batches=*/3);
 }
 
-TEST(DdpMultiRank, BatchNormBuffersFollowRankZero) {
+TEST_F(DdpMultiRank, BatchNormBuffersFollowRankZero) {
   auto model = make_mlp(23 + g_world->rank(), /*batch_norm=*/true);
   DistributedDataParallel ddp(model, g_world);
   nn::SGD sgd(model->parameters(), nn::SGDOptions{.lr = 0.05});
@@ -610,7 +722,7 @@ TEST(DdpMultiRank, BatchNormBuffersFollowRankZero) {
 // rule), so ranks may run different numbers of no_grad forwards, as with uneven
 // validation shards, and train on with their collectives in step. Before, every forward
 // broadcast: rank 1's extra evaluation forwards issued broadcasts rank 0 never matched.
-TEST(DdpMultiRank, UnevenNumbersOfNoGradForwardsKeepCollectivesInStep) {
+TEST_F(DdpMultiRank, UnevenNumbersOfNoGradForwardsKeepCollectivesInStep) {
   auto model = make_mlp(29, /*batch_norm=*/true);
   DistributedDataParallel ddp(model, g_world);
   nn::SGD sgd(model->parameters(), nn::SGDOptions{.lr = 0.05});
@@ -658,7 +770,7 @@ void three_steps_against_one_process(
 // A no-grad forward between a forward and its backward (a teacher or EMA target computed
 // with the same model) leaves that backward synced. It used to turn it into a no_sync
 // backward: no allreduce on any rank, and the replicas drifted apart without an error.
-TEST(DdpMultiRank, ANoGradForwardBeforeTheBackwardKeepsItSynced) {
+TEST_F(DdpMultiRank, ANoGradForwardBeforeTheBackwardKeepsItSynced) {
   three_steps_against_one_process(41, [](DistributedDataParallel& ddp, nn::Module& reference, int step) {
     Batch global = global_batch(step);
     Batch local = rank_slice(global);
@@ -675,7 +787,7 @@ TEST(DdpMultiRank, ANoGradForwardBeforeTheBackwardKeepsItSynced) {
 // The same with grad mode on but inside no_sync(): that forward's outputs will never be
 // backpropagated, and it must not turn the pending backward into a local one (it did:
 // the replicas drifted apart by 0.05 in three steps, silently).
-TEST(DdpMultiRank, ANoSyncForwardBetweenAForwardAndItsBackwardKeepsItSynced) {
+TEST_F(DdpMultiRank, ANoSyncForwardBetweenAForwardAndItsBackwardKeepsItSynced) {
   three_steps_against_one_process(43, [](DistributedDataParallel& ddp, nn::Module& reference, int step) {
     Batch global = global_batch(step);
     Batch local = rank_slice(global);
@@ -693,7 +805,7 @@ TEST(DdpMultiRank, ANoSyncForwardBetweenAForwardAndItsBackwardKeepsItSynced) {
 // with grad mode on), on rank 0 only, then gradient accumulation. The no_sync
 // micro-batch's backward must stay local on every rank, or rank 0 alone would reduce it
 // and its collectives would pair with the peers' next ones.
-TEST(DdpMultiRank, ASyncedForwardWithoutBackwardOnOneRankLeavesNoSyncBackwardsLocal) {
+TEST_F(DdpMultiRank, ASyncedForwardWithoutBackwardOnOneRankLeavesNoSyncBackwardsLocal) {
   three_steps_against_one_process(47, [](DistributedDataParallel& ddp, nn::Module& reference, int step) {
     if (g_world->rank() == 0) ddp(rank_slice(global_batch(99)).x);  // grad on, no backward
     for (int micro = 0; micro < 2; ++micro) {
@@ -713,7 +825,7 @@ TEST(DdpMultiRank, ASyncedForwardWithoutBackwardOnOneRankLeavesNoSyncBackwardsLo
 // O2 with the masters taken before DDP's constructor broadcast rank 0's weights (apex's
 // order: amp.initialize, then DDP). The masters of ranks other than 0 held their own
 // initial weights and wrote them back at the first step: the replicas never agreed again.
-TEST(DdpMultiRank, MasterWeightsTakenBeforeDdpFollowRankZerosWeights) {
+TEST_F(DdpMultiRank, MasterWeightsTakenBeforeDdpFollowRankZerosWeights) {
   auto model = make_mlp(53 + g_world->rank());
   auto reference = make_mlp(53);
   MasterWeights masters(*model);  // before DDP: this rank's own initial weights
@@ -742,7 +854,7 @@ TEST(DdpMultiRank, MasterWeightsTakenBeforeDdpFollowRankZerosWeights) {
 // Copying mode (the default) over symmetric buckets hands a bucket's buffer to .grad and
 // reuses it two steps later: a .grad kept by the user past zero_grad() must not change
 // afterwards, as in PyTorch (it did, by 0.1, on the shared-memory ring).
-TEST(DdpMultiRank, AGradientKeptAcrossStepsIsNotOverwrittenLater) {
+TEST_F(DdpMultiRank, AGradientKeptAcrossStepsIsNotOverwrittenLater) {
   auto model = make_mlp(59);
   DistributedDataParallel ddp(model, g_world);
   nn::SGD opt(model->parameters(), nn::SGDOptions{.lr = 0.1});
@@ -761,26 +873,57 @@ TEST(DdpMultiRank, AGradientKeptAcrossStepsIsNotOverwrittenLater) {
     EXPECT_EQ(kept[s].to_vector<float>(), values[s]) << "the gradient of step " << s << " changed afterwards";
 }
 
-TEST(DdpMultiRank, CompressionHooksStayCloseToTheExactAverage) {
-  for (CommHook hook : {CommHook(fp16_compress_hook), CommHook(bf16_compress_hook)}) {
+// A hook that counts its calls before handing the bucket to `hook`: a test of a hook
+// must see it run, or it passes just as well when the hook is never called.
+CommHook counting(CommHook hook, int* calls) {
+  return [hook = std::move(hook), calls](comm::ProcessGroup& group, Bucket& bucket) {
+    ++*calls;
+    return hook(group, bucket);
+  };
+}
+
+TEST_F(DdpMultiRank, CompressionHooksStayCloseToTheExactAverage) {
+  struct Compression {
+    const char* name;
+    CommHook hook;
+    DType wire;
+  };
+  for (const Compression& c : {Compression{"fp16", fp16_compress_hook, DType::kFloat16},
+                               Compression{"bf16", bf16_compress_hook, DType::kBFloat16}}) {
+    SCOPED_TRACE(c.name);
     auto model = make_mlp(29);
     auto exact = make_mlp(29);
     DistributedDataParallel ddp(model, g_world);
     DistributedDataParallel ddp_exact(exact, g_world);
-    ddp.register_comm_hook(hook);
+    int calls = 0;
+    ddp.register_comm_hook(counting(c.hook, &calls));
     Batch b = rank_slice(global_batch(0));
     autograd::backward(ag::cross_entropy(ddp(b.x), b.y));
     autograd::backward(ag::cross_entropy(ddp_exact(b.x), b.y));
+    // It ran, once per bucket of the step.
+    EXPECT_GT(calls, 0);
+    EXPECT_EQ(static_cast<size_t>(calls), ddp.reducer().last_bucket_timings().size());
     auto pa = model->parameters(), pb = exact->parameters();
+    size_t differing = 0, off_the_wire_grid = 0;
     for (size_t i = 0; i < pa.size(); ++i) {
       Tensor ga = autograd::grad(pa[i]), gb = autograd::grad(pb[i]);
       double scale = std::max(1e-3, amax(abs(gb)).item());
       EXPECT_LT(max_abs_diff(ga, gb) / scale, 1e-2) << "parameter " << i;
+      std::vector<float> a = ga.to_vector<float>(), e = gb.to_vector<float>();
+      // The sum travelled in the wire dtype and was cast back: every value is one the
+      // wire dtype can hold, where the exact float32 average mostly is not.
+      std::vector<float> rounded = ga.to(c.wire).to(DType::kFloat32).to_vector<float>();
+      for (size_t j = 0; j < a.size(); ++j) {
+        differing += std::memcmp(&a[j], &e[j], sizeof(float)) != 0;
+        off_the_wire_grid += std::memcmp(&a[j], &rounded[j], sizeof(float)) != 0;
+      }
     }
+    EXPECT_GT(differing, 0u) << "every gradient equals the exact average bitwise: nothing was compressed";
+    EXPECT_EQ(off_the_wire_grid, 0u) << "some averaged gradients are not " << dtype_name(c.wire) << " values";
   }
 }
 
-TEST(DdpMultiRank, Ddp2DataParallelInsideEachRankMatchesTheReference) {
+TEST_F(DdpMultiRank, Ddp2DataParallelInsideEachRankMatchesTheReference) {
   // ddp2: each rank (a "node") runs DataParallel over 2 local replicas; DDP across ranks.
   auto inner = make_mlp(37 + g_world->rank());
   auto dp = std::make_shared<DataParallel>(inner, std::vector<Device>{Device::cpu(), Device::cpu()});
@@ -789,7 +932,7 @@ TEST(DdpMultiRank, Ddp2DataParallelInsideEachRankMatchesTheReference) {
   run_and_compare(ddp, *reference, Opt::kSgd, /*steps=*/3);
 }
 
-TEST(DdpMultiRank, HierarchicalAllreduceHookMatchesTheFlatAverage) {
+TEST_F(DdpMultiRank, HierarchicalAllreduceHookMatchesTheFlatAverage) {
   // Pretend ranks 2k and 2k+1 share a node.
   HierarchicalAllreduce hierarchical(g_world, g_world->rank() / 2, g_world->rank() % 2);
   EXPECT_EQ(hierarchical.nodes(), (g_world->size() + 1) / 2);
@@ -797,20 +940,26 @@ TEST(DdpMultiRank, HierarchicalAllreduceHookMatchesTheFlatAverage) {
   for (size_t i = 0; i < values.size(); ++i) values[i] = (g_world->rank() + 1) * 1000.0 + static_cast<double>(i);
   hierarchical.allreduce_sum({values.data(), values.size(), DType::kFloat64, Device::cpu()}).wait();
   double rank_sum = g_world->size() * (g_world->size() + 1) / 2.0;
-  for (size_t i = 0; i < values.size(); ++i)
-    ASSERT_EQ(values[i], rank_sum * 1000.0 + g_world->size() * static_cast<double>(i));
+  size_t wrong = 0;  // counted, not ASSERTed: no early return on one rank
+  for (size_t i = 0; i < values.size(); ++i) wrong += values[i] != rank_sum * 1000.0 + g_world->size() * static_cast<double>(i);
+  EXPECT_EQ(wrong, 0u) << "of " << values.size() << " sums on rank " << g_world->rank();
 
   auto model = make_mlp(41 + g_world->rank());
   auto reference = make_mlp(41);
   DistributedDataParallel ddp(model, g_world, DdpOptions{.bucket_cap_bytes = 2048, .first_bucket_bytes = 512});
-  ddp.register_comm_hook(hierarchical.hook());
+  int calls = 0;
+  ddp.register_comm_hook(counting(hierarchical.hook(), &calls));
   run_and_compare(ddp, *reference, Opt::kSgd, /*steps=*/3);
+  // The result above proves something averaged; this, that it was the hook (every bucket of
+  // the last step, and at least one per earlier step).
+  EXPECT_GE(static_cast<size_t>(calls), 2 + ddp.reducer().last_bucket_timings().size());
+  EXPECT_GT(ddp.reducer().last_bucket_timings().size(), 1u);
 }
 
 // fp16 gradients are averaged without overflowing where the average fits: every rank's
 // gradient is 40000, the fp16 sum of two is inf, the average is 40000. Before, both the
 // default hook (allreduce kAvg: sum, then divide) and the hierarchical hook gave inf.
-TEST(DdpMultiRank, HalfPrecisionGradientsAreAveragedWithoutOverflow) {
+TEST_F(DdpMultiRank, HalfPrecisionGradientsAreAveragedWithoutOverflow) {
   HierarchicalAllreduce hierarchical(g_world, g_world->rank() / 2, g_world->rank() % 2);
   for (DType dtype : {DType::kFloat16}) {  // (bf16 has float32's range: its sum does not overflow)
     for (bool hierarchical_hook : {false, true}) {
@@ -819,24 +968,79 @@ TEST(DdpMultiRank, HalfPrecisionGradientsAreAveragedWithoutOverflow) {
       auto model = nn::make<nn::Linear>(1, 1, /*bias=*/false, gen);
       model->to(dtype);
       DistributedDataParallel ddp(model, g_world);
-      if (hierarchical_hook) ddp.register_comm_hook(hierarchical.hook());
+      int calls = 0;
+      if (hierarchical_hook) ddp.register_comm_hook(counting(hierarchical.hook(), &calls));
       Tensor x = full({1, 1}, 40000.0, dtype);
       autograd::backward(ag::sum(ddp(x)));
+      EXPECT_EQ(calls, hierarchical_hook ? 1 : 0);  // one bucket, through the hook when it is set
       Tensor g = autograd::grad(model->param("weight"));
-      ASSERT_TRUE(g.defined());
-      EXPECT_EQ(g.to(DType::kFloat64).item(), 40000.0);  // exact in fp16
+      EXPECT_TRUE(g.defined());
+      if (g.defined()) EXPECT_EQ(g.to(DType::kFloat64).item(), 40000.0);  // exact in fp16
     }
   }
 }
 
-TEST(DdpMultiRank, MismatchedModelsAreNamedAtConstruction) {
+// A step that fails on a node leader (here its network allreduce, because the other
+// node's leader aborted) must fail the leader's node members at once, naming the
+// reason, and every allreduce queued behind it. Before, the leader skipped the step-3
+// broadcast its members were waiting in, and paired the next bucket's reduce with it:
+// the members hung until the collective timeout (10 minutes by default).
+TEST_F(DdpMultiRank, AHierarchicalStepFailingOnALeaderFailsItsNodeAtOnceWithTheReason) {
+  if (g_world->size() < 3) GTEST_SKIP() << "needs two nodes, one with a member besides its leader";
+  // Nodes of two ranks: {0, 1}, {2, 3}, ...; rank 2 leads node 1 and gives up.
+  HierarchicalAllreduce hierarchical(g_world, g_world->rank() / 2, g_world->rank() % 2);
+  const std::string reason = "rank 2 gave up on purpose";
+  if (g_world->rank() == 2) hierarchical.abort(reason);
+  std::vector<double> first(16, 1.0), second(16, 1.0);
+  const auto start = std::chrono::steady_clock::now();
+  comm::Work a = hierarchical.allreduce_sum({first.data(), first.size(), DType::kFloat64, Device::cpu()});
+  comm::Work b = hierarchical.allreduce_sum({second.data(), second.size(), DType::kFloat64, Device::cpu()});
+  expect_error([&] { a.wait(); }, {reason});
+  expect_error([&] { b.wait(); }, {reason});  // queued behind it: failed with it, not run
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30)) << "on rank " << g_world->rank();
+  g_world->barrier().wait();
+}
+
+// DDP may outlive the HierarchicalAllreduce whose hook it holds: the hook keeps the
+// groups and the worker alive. (It captured `this`: the buckets then went to a freed
+// object.)
+TEST_F(DdpMultiRank, AHierarchicalHookOutlivesTheObjectThatMadeIt) {
+  auto model = make_mlp(67 + g_world->rank());
+  auto reference = make_mlp(67);
+  DistributedDataParallel ddp(model, g_world, DdpOptions{.bucket_cap_bytes = 2048, .first_bucket_bytes = 512});
+  int calls = 0;
+  {
+    auto hierarchical = std::make_unique<HierarchicalAllreduce>(g_world, g_world->rank() / 2, g_world->rank() % 2);
+    ddp.register_comm_hook(counting(hierarchical->hook(), &calls));
+  }  // destroyed here; the hook is all that is left of it
+  run_and_compare(ddp, *reference, Opt::kSgd, /*steps=*/2);
+  EXPECT_GE(calls, 2);
+}
+
+// The hook sums over the groups split from the world it was built on; a DDP over another
+// group (here one with the same ranks, which DDP aborts when the hook throws) is refused,
+// naming both groups, instead of having its buckets summed over ranks it does not know.
+TEST_F(DdpMultiRank, AHierarchicalHookRegisteredWithADdpOverAnotherGroupIsRefused) {
+  HierarchicalAllreduce hierarchical(g_world, g_world->rank() / 2, g_world->rank() % 2);
+  auto group = g_world->split(0, g_world->rank());
+  auto model = make_mlp(71);
+  DistributedDataParallel ddp(model, group);
+  ddp.register_comm_hook(hierarchical.hook());
+  Batch b = rank_slice(global_batch(0));
+  expect_error([&] { autograd::backward(ag::cross_entropy(ddp(b.x), b.y)); },
+               {"communication hook failed", "not the one this HierarchicalAllreduce was built on",
+                "same ProcessGroup object"});
+  g_world->barrier().wait();
+}
+
+TEST_F(DdpMultiRank, MismatchedModelsAreNamedAtConstruction) {
   if (g_world->size() < 2) GTEST_SKIP() << "needs a second rank to disagree with";
   Generator gen(31);
   auto seq = nn::make<nn::Sequential>();
   seq->push_back(nn::make<nn::Linear>(kIn, g_world->rank() == 1 ? kHidden + 1 : kHidden, true, gen));
   try {
     DistributedDataParallel ddp(seq, g_world);
-    FAIL() << "expected a model mismatch error";
+    ADD_FAILURE() << "expected a model mismatch error";
   } catch (const Error& e) {
     std::string msg = e.what();
     EXPECT_NE(msg.find("0.weight"), std::string::npos) << msg;
@@ -856,7 +1060,7 @@ class Shaped : public nn::Module {
 // Buffers are verified like parameters: before, a buffer of another size on one rank
 // made the constructor's broadcast time out (10 minutes) or fail on a byte count that
 // named no buffer.
-TEST(DdpMultiRank, MismatchedBuffersAreNamedAtConstruction) {
+TEST_F(DdpMultiRank, MismatchedBuffersAreNamedAtConstruction) {
   if (g_world->size() < 2) GTEST_SKIP() << "needs a second rank to disagree with";
   auto model = std::make_shared<Shaped>(Shape{3}, Shape{g_world->rank() == 1 ? 5 : 3});
   expect_error([&] { DistributedDataParallel ddp(model, g_world); },
@@ -865,7 +1069,7 @@ TEST(DdpMultiRank, MismatchedBuffersAreNamedAtConstruction) {
 
 // A parameter of more than 8 dims is compared too (its trailing sizes as a hash), not
 // refused on the rank that has it while the others wait.
-TEST(DdpMultiRank, ParametersOfManyDimsAreComparedNotRefused) {
+TEST_F(DdpMultiRank, ParametersOfManyDimsAreComparedNotRefused) {
   const Shape nine(9, 1);
   EXPECT_NO_THROW(DistributedDataParallel(std::make_shared<Shaped>(nine, Shape{2}), g_world));
   if (g_world->size() < 2) return;
@@ -877,7 +1081,7 @@ TEST(DdpMultiRank, ParametersOfManyDimsAreComparedNotRefused) {
 
 // With broadcast_buffers=false the constructor leaves each rank's buffers alone (as
 // PyTorch's _sync_module_states does); parameters are still broadcast.
-TEST(DdpMultiRank, BroadcastBuffersFalseKeepsEachRanksBuffers) {
+TEST_F(DdpMultiRank, BroadcastBuffersFalseKeepsEachRanksBuffers) {
   auto model = std::make_shared<Shaped>(Shape{2}, Shape{2});
   Tensor stats = model->named_buffers()[0].second, w = model->named_parameters()[0].second;
   fill_(stats, g_world->rank());
@@ -888,11 +1092,81 @@ TEST(DdpMultiRank, BroadcastBuffersFalseKeepsEachRanksBuffers) {
   EXPECT_EQ(model->named_parameters()[0].second.to_vector<float>(), std::vector<float>(2, 10.0f));
 }
 
+// The options that decide DDP's collectives are compared at construction: before, ranks
+// that disagreed built different buckets (a size mismatch naming nothing, or averages of
+// unrelated gradients) or waited in a symmetric allocation or a buffer broadcast the
+// others never issued. (Each case on a group of its own: without the check, some cases
+// leave their group waiting in a collective only one rank issued.)
+TEST_F(DdpMultiRank, MismatchedDdpOptionsAreNamedAtConstruction) {
+  if (g_world->size() < 2) GTEST_SKIP() << "needs a second rank to disagree with";
+  struct OptionCase {
+    std::function<void(DdpOptions&)> change;  // applied on rank 1 only
+    std::string expected;
+  };
+  const OptionCase cases[] = {
+      {[](DdpOptions& o) { o.bucket_cap_bytes = 2048; },
+       "bucket_cap_bytes is " + std::to_string(kDefaultBucketBytesCap) + " on rank 0 but 2048 on rank 1"},
+      {[](DdpOptions& o) { o.first_bucket_bytes = 512; },
+       "first_bucket_bytes is " + std::to_string(kDefaultFirstBucketBytes) + " on rank 0 but 512 on rank 1"},
+      {[](DdpOptions& o) { o.find_unused_parameters = true; },
+       "find_unused_parameters is false on rank 0 but true on rank 1"},
+      {[](DdpOptions& o) { o.static_graph = true; }, "static_graph is false on rank 0 but true on rank 1"},
+      {[](DdpOptions& o) { o.gradient_as_bucket_view = true; },
+       "gradient_as_bucket_view is false on rank 0 but true on rank 1"},
+      {[](DdpOptions& o) { o.symmetric_buckets = false; }, "symmetric_buckets is true on rank 0 but false on rank 1"},
+      {[](DdpOptions& o) { o.broadcast_buffers = false; }, "broadcast_buffers is true on rank 0 but false on rank 1"},
+  };
+  for (const OptionCase& c : cases) {
+    SCOPED_TRACE(c.expected);
+    auto group = g_world->split(0, g_world->rank());
+    DdpOptions options;
+    if (g_world->rank() == 1) c.change(options);
+    auto model = make_mlp(3, /*batch_norm=*/true);  // with buffers, for broadcast_buffers
+    expect_error([&] { DistributedDataParallel ddp(model, group, options); },
+                 {"ranks were given different DdpOptions", c.expected, "every rank must pass the same values"});
+  }
+  // Two at once: both named.
+  auto group = g_world->split(0, g_world->rank());
+  DdpOptions options;
+  if (g_world->rank() == 1) options = DdpOptions{.static_graph = true, .symmetric_buckets = false};
+  expect_error([&] { DistributedDataParallel ddp(make_mlp(3), group, options); },
+               {"static_graph is false on rank 0 but true on rank 1", "symmetric_buckets is true on rank 0 but false on rank 1"});
+  g_world->barrier().wait();
+}
+
+// With broadcast_buffers=false each rank keeps its own buffers, so they may differ, even in
+// shape (PyTorch checks parameters only). They were verified like parameters and refused.
+TEST_F(DdpMultiRank, BuffersMayDifferAcrossRanksWithoutBroadcastBuffers) {
+  if (g_world->size() < 2) GTEST_SKIP() << "needs a second rank to differ from";
+  auto model = std::make_shared<Shaped>(Shape{3}, Shape{g_world->rank() == 1 ? 5 : 3});
+  EXPECT_NO_THROW(DistributedDataParallel(model, g_world, DdpOptions{.broadcast_buffers = false}));
+  EXPECT_EQ(model->named_buffers()[0].second.numel(), g_world->rank() == 1 ? 5 : 3);
+  // Parameters are still compared with it.
+  auto other = std::make_shared<Shaped>(Shape{g_world->rank() == 1 ? 4 : 3}, Shape{3});
+  expect_error([&] { DistributedDataParallel ddp(other, g_world, DdpOptions{.broadcast_buffers = false}); },
+               {"different models", "parameter #0", "'w'"});
+}
+
+// module->to() after wrapping converts the parameters in place, but the buckets keep the
+// dtype they were built with: the next forward says so, at every world size. (Before, one
+// rank ran on without a word and several ranks failed with an unrelated message.) On a
+// group of its own: the reducer aborts the group it reduces on.
+TEST_F(DdpMultiRank, AModuleConvertedAfterWrappingIsNamedAtTheNextForward) {
+  auto group = g_world->split(0, g_world->rank());
+  auto model = make_mlp(73);
+  DistributedDataParallel ddp(model, group);
+  model->to(DType::kFloat64);
+  Tensor x = rank_slice(global_batch(0)).x.to(DType::kFloat64);
+  expect_error([&] { ddp(x); },
+               {"parameter '0.weight' is float64 but was float32 when DDP was built", "call module->to() before wrapping"});
+  g_world->barrier().wait();
+}
+
 // The timeline draws "waiting for its turn" only for a bucket whose predecessor was
 // launched after it became ready. After the rebuild, buckets become ready in index order,
 // so none waits; the span used to be drawn for every bucket (launch and ready are two
 // clock readings, so launch > ready always held).
-TEST(DdpMultiRank, TimelineDrawsAWaitOnlyForABucketThatWaited) {
+TEST_F(DdpMultiRank, TimelineDrawsAWaitOnlyForABucketThatWaited) {
   auto model = make_mlp(47);  // one parameter per bucket: 4 buckets
   DistributedDataParallel ddp(model, g_world, DdpOptions{.bucket_cap_bytes = 1, .first_bucket_bytes = 1});
   for (int step = 0; step < 3; ++step) {  // step 1 rebuilds the buckets in ready order
@@ -914,7 +1188,7 @@ TEST(DdpMultiRank, TimelineDrawsAWaitOnlyForABucketThatWaited) {
   EXPECT_EQ(waits, 0u);
 }
 
-TEST(DdpMultiRank, LossScalerSkipsTheSameStepsOnEveryRank) {
+TEST_F(DdpMultiRank, LossScalerSkipsTheSameStepsOnEveryRank) {
   LossScalerOptions options;
   options.init_scale = 1024;
   options.growth_interval = 2;
@@ -933,7 +1207,7 @@ TEST(DdpMultiRank, LossScalerSkipsTheSameStepsOnEveryRank) {
   EXPECT_EQ(scales, (std::vector<double>{1024, 512, 512, 256, 256}));
 }
 
-TEST(DdpMultiRank, DistributedSamplerShardsCoverTheDataSet) {
+TEST_F(DdpMultiRank, DistributedSamplerShardsCoverTheDataSet) {
   DistributedSampler sampler(10, g_world->rank(), g_world->size(), {.shuffle = true, .seed = 3});
   sampler.set_epoch(2);
   std::vector<int64_t> mine = sampler.indices();
