@@ -569,30 +569,44 @@ TEST_F(DdpMultiRank, ParameterUnusedOnSomeRanksOnlyFailsEveryRankNamingIt) {
   g_world->barrier().wait();
 }
 
+// A communication hook that throws on rank 1 (via `throw_it`) makes backward fail on
+// every rank within seconds with an Error holding `own` (rank 1) or `peers` (the others).
+void expect_a_throwing_hook_fails_every_rank(const std::function<void()>& throw_it,
+                                             const std::vector<std::string>& own,
+                                             const std::vector<std::string>& peers) {
+  auto group = g_world->split(0, g_world->rank());
+  auto model = make_mlp(43);
+  DistributedDataParallel ddp(model, group);
+  const bool fail_here = g_world->rank() == 1;
+  ddp.register_comm_hook([fail_here, throw_it](comm::ProcessGroup& pg, Bucket& bucket) -> CommHookResult {
+    if (fail_here) throw_it();
+    return allreduce_average_hook(pg, bucket);
+  });
+  Batch b = rank_slice(global_batch(0));
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    autograd::backward(ag::cross_entropy(ddp(b.x), b.y));
+    ADD_FAILURE() << "expected the hook's failure on rank " << g_world->rank();
+  } catch (const Error& e) {
+    for (const std::string& part : fail_here ? own : peers)
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  } catch (...) {
+    // Caught here, not let out of the test: this rank must still reach the barrier below.
+    ADD_FAILURE() << "something other than a ringtrain::Error came out of backward on rank " << g_world->rank();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
+  g_world->barrier().wait();
+}
+
 // A communication hook that throws on one rank aborts the group: the other ranks fail at
 // once with its message. Before, they waited in that bucket's allreduce for the collective
 // timeout (10 minutes by default).
 TEST_F(DdpMultiRank, ACommHookThrowingOnOneRankFailsEveryRankWithItsMessage) {
   if (g_world->size() < 2) GTEST_SKIP() << "needs a second rank to wait for the failing one";
-  auto group = g_world->split(0, g_world->rank());
-  auto model = make_mlp(43);
-  DistributedDataParallel ddp(model, group);
-  const bool fail_here = g_world->rank() == 1;
-  ddp.register_comm_hook([fail_here](comm::ProcessGroup& pg, Bucket& bucket) -> CommHookResult {
-    if (fail_here) throw Error("the user's hook failed on purpose");
-    return allreduce_average_hook(pg, bucket);
-  });
-  Batch b = rank_slice(global_batch(0));
-  const auto start = std::chrono::steady_clock::now();
-  if (fail_here) {
-    expect_error([&] { autograd::backward(ag::cross_entropy(ddp(b.x), b.y)); },
-                 {"communication hook failed for bucket 0 on rank 1", "the user's hook failed on purpose"});
-  } else {
-    expect_error([&] { autograd::backward(ag::cross_entropy(ddp(b.x), b.y)); },
-                 {"the user's hook failed on purpose"});
-  }
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
-  g_world->barrier().wait();
+  expect_a_throwing_hook_fails_every_rank([] { throw Error("the user's hook failed on purpose"); },
+                                          {"communication hook failed for bucket 0 on rank 1",
+                                           "the user's hook failed on purpose"},
+                                          {"the user's hook failed on purpose"});
 }
 
 // The same with a hook that throws something that is no std::exception (an int): that
@@ -600,29 +614,10 @@ TEST_F(DdpMultiRank, ACommHookThrowingOnOneRankFailsEveryRankWithItsMessage) {
 // bucket's allreduce until the timeout.
 TEST_F(DdpMultiRank, ACommHookThrowingANonStandardExceptionOnOneRankFailsEveryRank) {
   if (g_world->size() < 2) GTEST_SKIP() << "needs a second rank to wait for the failing one";
-  auto group = g_world->split(0, g_world->rank());
-  auto model = make_mlp(43);
-  DistributedDataParallel ddp(model, group);
-  const bool fail_here = g_world->rank() == 1;
-  ddp.register_comm_hook([fail_here](comm::ProcessGroup& pg, Bucket& bucket) -> CommHookResult {
-    if (fail_here) throw 42;
-    return allreduce_average_hook(pg, bucket);
-  });
-  Batch b = rank_slice(global_batch(0));
-  const auto start = std::chrono::steady_clock::now();
-  std::vector<std::string> expected = {"communication hook failed for bucket 0 on rank 1"};
-  if (fail_here) expected.push_back("an exception not derived from std::exception");
-  try {
-    autograd::backward(ag::cross_entropy(ddp(b.x), b.y));
-    ADD_FAILURE() << "expected the hook's failure on rank " << g_world->rank();
-  } catch (const Error& e) {
-    for (const std::string& part : expected) EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-  } catch (...) {
-    // Caught here, not let out of the test: this rank must still reach the barrier below.
-    ADD_FAILURE() << "something other than a ringtrain::Error came out of backward on rank " << g_world->rank();
-  }
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
-  g_world->barrier().wait();
+  expect_a_throwing_hook_fails_every_rank([] { throw 42; },
+                                          {"communication hook failed for bucket 0 on rank 1",
+                                           "an exception not derived from std::exception"},
+                                          {"communication hook failed for bucket 0 on rank 1"});
 }
 
 // Without overlap the buckets launch once backward is done. A hook that threw there
