@@ -69,6 +69,7 @@ endfunction()
 # status) or through a script that expects some ranks to fail (run_workers.sh) would
 # otherwise pass with a report in a rank whose non-zero exit was expected anyway.
 # (expect_output.cmake checks for reports itself; gtest binaries fail on the exit status.)
+# (expect_output.cmake, a separate -P script, spells the same pattern; change both.)
 set(RINGTRAIN_SANITIZER_REPORT_REGEX "(ERROR|WARNING): [A-Za-z]*Sanitizer|runtime error: ")
 function(ringtrain_stretch_timeouts_under_sanitizers)
   if(NOT RINGTRAIN_SANITIZE)

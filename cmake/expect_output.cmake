@@ -29,7 +29,8 @@ endif()
 execute_process(COMMAND ${command} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
 message("${out}")
 # A sanitizer's report fails the test in either mode: its non-zero exit would
-# otherwise pass an error test whose expected message another rank printed.
+# otherwise pass an error test whose expected message another rank printed. (The same
+# pattern as RINGTRAIN_SANITIZER_REPORT_REGEX in RingtrainHelpers.cmake; change both.)
 if(out MATCHES "(ERROR|WARNING): [A-Za-z]*Sanitizer|runtime error: ")
   message(FATAL_ERROR "a sanitizer reported an error (above); exit code ${rc}")
 endif()
