@@ -518,14 +518,17 @@ FitResult Trainer::run_fit(TrainingModule& module, std::shared_ptr<const data::D
     const double epoch_lr = optimizer.param_groups().front().lr();
     model->train();
     train_loader.set_epoch(epoch);
-    auto run = train_loader.epoch();
+    // Resuming mid-epoch: the run starts at the first batch not yet trained on; the
+    // batches before it are not read again. (A checkpoint without a data layout, from
+    // an epoch with more batches, ends this epoch at once.)
+    auto run = train_loader.epoch(std::min(skip_batches, train_loader.num_batches()));
     const int64_t batches = run.num_batches();
-    int64_t index = 0, micro = 0;
+    int64_t index = std::min(skip_batches, batches), micro = 0;
     double loss_sum = 0, step_loss_sum = 0;  // over the epoch; over this step's micro-batches
     int64_t loss_count = 0;
     auto epoch_start = Clock::now();
     while (auto batch = run.next()) {
-      if (index++ < skip_batches) continue;  // resuming mid-epoch: these were trained before
+      ++index;
       // One micro-batch; DDP reduces only on the last micro-batch of a step.
       const bool last_micro = (micro + 1) % accumulate == 0 || index == batches;
       Tensor loss;

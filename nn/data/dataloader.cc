@@ -41,8 +41,10 @@ struct DataLoader::EpochRun::State {
   int64_t prefetch = 0;
   Device device = Device::cpu();
 
+  int64_t first_batch = 0;  // batches before it are skipped (a resumed epoch)
+
   // Consumer-side progress.
-  int64_t consumed = 0;
+  int64_t consumed = 0;  // batches of the epoch behind us, skipped ones included
   bool failed = false;  // an exception was delivered; the run is over
 
   // Shared between producer and consumer, guarded by mu.
@@ -82,7 +84,7 @@ struct DataLoader::EpochRun::State {
   }
 
   void produce() {
-    for (int64_t k = 0; k < num_batches; ++k) {
+    for (int64_t k = first_batch; k < num_batches; ++k) {
       Item item;
       try {
         item.batch = build(k);
@@ -194,7 +196,11 @@ void DataLoader::set_epoch(int64_t epoch) {
   next_epoch_ = epoch;
 }
 
-DataLoader::EpochRun DataLoader::epoch() {
+DataLoader::EpochRun DataLoader::epoch(int64_t first_batch) {
+  const int64_t batches = num_batches();
+  RT_CHECK(first_batch >= 0 && first_batch <= batches, "DataLoader::epoch: first_batch ", first_batch,
+           " is outside this epoch's 0..", batches, " batches (", sampler_->size(), " samples in batches of ",
+           options_.batch_size, options_.drop_last ? ", drop_last" : "", ")");
   auto state = std::make_unique<EpochRun::State>();
   state->dataset = dataset_;
   state->epoch = next_epoch_++;
@@ -203,10 +209,12 @@ DataLoader::EpochRun DataLoader::epoch() {
   RT_CHECK(static_cast<int64_t>(state->order.size()) == sampler_->size(), "DataLoader: sampler returned ",
            state->order.size(), " indices but its size() is ", sampler_->size());
   state->batch_size = options_.batch_size;
-  state->num_batches = num_batches();
+  state->num_batches = batches;
+  state->first_batch = first_batch;
+  state->consumed = first_batch;
   state->prefetch = options_.prefetch;
   state->device = options_.device;
-  if (state->prefetch > 0 && state->num_batches > 0) {
+  if (state->prefetch > 0 && first_batch < batches) {
     EpochRun::State* raw = state.get();
     state->worker = std::thread([raw] { raw->produce(); });
   }

@@ -22,7 +22,8 @@
 //
 // Epochs: every run uses the loader's next epoch number and then advances it,
 // so plain `for (auto& b : loader)` loops shuffle differently each epoch. A
-// resumed job calls set_epoch(e) once to continue the same sequence of orders.
+// resumed job calls set_epoch(e) once to continue the same sequence of orders,
+// and epoch(k) to start that epoch at batch k without reading batches 0..k-1.
 //
 //   DataLoader loader(train, {.batch_size = 64, .shuffle = true, .seed = 1});
 //   for (int e = 0; e < epochs; ++e)
@@ -71,7 +72,11 @@ class DataLoader {
 
   class EpochRun;
   // Starts an epoch: the returned run yields its batches (range-for or next()).
-  EpochRun epoch();
+  // `first_batch` > 0 starts it part-way (a job resumed mid-epoch): the epoch's order
+  // is drawn as usual and the batches before `first_batch` are neither built nor
+  // yielded, so a resumed run reads only what it will train on. num_batches() still
+  // counts the whole epoch. 0 <= first_batch <= num_batches().
+  EpochRun epoch(int64_t first_batch = 0);
 
   // One epoch as a single-pass range. The run owns its prefetch thread.
   class EpochRun {

@@ -179,6 +179,35 @@ class FlakyDataset : public Dataset {
   int64_t n_, fail_at_;
 };
 
+// A job resumed k batches into an epoch starts the epoch there: the same order as the
+// uninterrupted epoch, only its tail, and the skipped batches are never built.
+TEST(DataLoader, AnEpochStartedPartWayYieldsTheTailAndReadsNothingBeforeIt) {
+  for (int64_t prefetch : {0, 3}) {
+    DataLoader whole(counting_dataset(37), {.batch_size = 5, .shuffle = true, .seed = 9, .prefetch = prefetch});
+    whole.set_epoch(2);
+    const auto all = collect(whole);
+    ASSERT_EQ(all.size(), 8u);
+
+    auto ds = std::make_shared<FlakyDataset>(37, -1);
+    DataLoader resumed(ds, {.batch_size = 5, .shuffle = true, .seed = 9, .prefetch = prefetch});
+    resumed.set_epoch(2);
+    auto run = resumed.epoch(3);
+    EXPECT_EQ(run.epoch(), 2);
+    EXPECT_EQ(run.num_batches(), 8);  // the whole epoch's count, as the progress bar shows it
+    std::vector<std::vector<int64_t>> tail;
+    while (auto b = run.next()) tail.push_back(b->targets.to_vector<int64_t>());
+    EXPECT_EQ(tail, std::vector<std::vector<int64_t>>(all.begin() + 3, all.end())) << "prefetch " << prefetch;
+    EXPECT_EQ(ds->calls.load(), 37 - 3 * 5) << "the skipped batches were built (prefetch " << prefetch << ")";
+    EXPECT_EQ(resumed.next_epoch(), 3);
+
+    // Starting at the end yields nothing; past it is an error that leaves the epoch alone.
+    EXPECT_FALSE(resumed.epoch(8).next().has_value());
+    expect_error([&] { (void)resumed.epoch(9); }, {"first_batch 9", "0..8 batches", "37 samples", "of 5"});
+    expect_error([&] { (void)resumed.epoch(-1); }, {"first_batch -1"});
+    EXPECT_EQ(resumed.next_epoch(), 4);
+  }
+}
+
 TEST(DataLoader, DefaultGetBatchStacksExamples) {
   auto ds = std::make_shared<FlakyDataset>(5, -1);
   DataLoader loader(ds, {.batch_size = 2});

@@ -3,10 +3,12 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <span>
 
 #include "autograd/functions.h"
 #include "nn/checkpoint.h"
@@ -376,6 +378,48 @@ TEST(TrainerTest, ResumingWithAnotherBatchSizeRestartsTheEpoch) {
   const std::string grown = ::testing::internal::GetCapturedStdout();
   EXPECT_NE(grown.find("restarts from its first batch"), std::string::npos) << grown;
   EXPECT_EQ(r.global_step, 5 + 11);  // the whole epoch: 176 / 16 batches
+  fs::remove_all(dir);
+}
+
+// A data set that counts the examples it was asked for.
+class CountingDataset : public data::Dataset {
+ public:
+  explicit CountingDataset(std::shared_ptr<const data::Dataset> inner) : inner_(std::move(inner)) {}
+  int64_t size() const override { return inner_->size(); }
+  data::Example get(int64_t i) const override {
+    ++examples_read;
+    return inner_->get(i);
+  }
+  data::Batch get_batch(std::span<const int64_t> indices) const override {
+    examples_read += static_cast<int64_t>(indices.size());
+    return inner_->get_batch(indices);
+  }
+  mutable std::atomic<int64_t> examples_read{0};
+
+ private:
+  std::shared_ptr<const data::Dataset> inner_;
+};
+
+// Resumed 5 batches into an epoch, the run reads only the batches it trains on (it used
+// to build and throw away the first five), and still ends where an uninterrupted run does.
+TEST(TrainerTest, AResumedEpochReadsOnlyTheBatchesItTrainsOn) {
+  fs::path dir = fresh_dir("rt_trainer_fast_forward");
+  auto data = blobs(160, 5);
+  TrainerOptions o = quiet({.max_epochs = 2, .batch_size = 16, .checkpoint_dir = dir.string(),
+                            .simulate_signal_at_step = 5});
+  BlobClassifier first(3);
+  EXPECT_TRUE(Trainer(o).fit(first, data).stopped_early);
+  o.simulate_signal_at_step = -1;
+  BlobClassifier second(3);
+  auto counted = std::make_shared<CountingDataset>(data);
+  FitResult r = Trainer(o).fit(second, counted);
+  EXPECT_EQ(r.global_step, 20);
+  EXPECT_EQ(counted->examples_read.load(), 160 - 5 * 16 + 160) << "epoch 0 from batch 5, then all of epoch 1";
+  BlobClassifier straight(3);
+  Trainer(quiet({.max_epochs = 2, .batch_size = 16})).fit(straight, data);
+  auto ps = straight.model_->parameters(), pr = second.model_->parameters();
+  for (size_t i = 0; i < ps.size(); ++i)
+    EXPECT_EQ(ps[i].to_vector<float>(), pr[i].to_vector<float>()) << "parameter " << i;
   fs::remove_all(dir);
 }
 
