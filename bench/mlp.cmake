@@ -1,6 +1,6 @@
 # bench/mlp.cmake: the MLP training step, ringtrain beside PyTorch (bench/mlp_step_torch.py).
 #   build/bench/mlp_step            # both, same run; needs /usr/bin/python3 with python3-torch
-#   build/bench/mlp_step --no-torch # ours only
+#   build/bench/mlp_step --no-torch # ours only, checked against plain double-precision loops
 if(TARGET ringtrain_nn)
   add_executable(mlp_step ${CMAKE_CURRENT_LIST_DIR}/mlp_step.cc)
   target_link_libraries(mlp_step PRIVATE ringtrain::nn CLI11::CLI11 nlohmann_json::nlohmann_json)
@@ -8,11 +8,12 @@ if(TARGET ringtrain_nn)
   target_compile_options(mlp_step PRIVATE -Wall -Wextra -Wno-unused-parameter)
 endif()
 
-# bench-smoke: a small MLP, ours only, and (when /usr/bin/python3 has torch) beside PyTorch,
-# where any loss mismatch (#wrong) makes mlp_step exit 2.
+# bench-smoke: a small MLP, ours only (its losses checked against the double-precision
+# reference in mlp_step.cc) and (when /usr/bin/python3 has torch) beside PyTorch; any loss
+# mismatch (#wrong) makes mlp_step exit 2.
 if(TARGET mlp_step)
-  add_test(NAME bench_mlp_step_smoke
-           COMMAND mlp_step --no-torch --in-features 32 --width 64 --batch 8 --warmup 1 --steps 2 --rounds 2)
+  ringtrain_add_checked_test(bench_mlp_step_smoke EXPECT "double-precision reference .*, 0 wrong"
+      COMMAND $<TARGET_FILE:mlp_step> --no-torch --in-features 32 --width 64 --batch 8 --warmup 1 --steps 2 --rounds 2)
   set_tests_properties(bench_mlp_step_smoke PROPERTIES LABELS bench-smoke TIMEOUT 120)
   # No warm-up is a valid request (it used to fail on an undefined loss).
   add_test(NAME bench.mlp_step.no_warmup
