@@ -2,7 +2,9 @@
 #include "ddp/reducer.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
+#include <mutex>
 #include <unordered_set>
 
 #include "comm/symmetric_memory.h"
@@ -15,6 +17,16 @@ using Clock = std::chrono::steady_clock;
 
 double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+// Keeps tensors' memory for the rest of the process (reachable from a static, so leak
+// checkers do not count it): for buffers a collective that never ended may still use.
+void keep_alive_until_exit(std::vector<Tensor> tensors) {
+  static std::mutex mutex;
+  static auto* kept = new std::vector<Tensor>();
+  std::lock_guard<std::mutex> lock(mutex);
+  for (Tensor& t : tensors)
+    if (t.defined()) kept->push_back(std::move(t));
 }
 
 CommHookResult compress_hook(comm::ProcessGroup& group, Bucket& bucket, DType wire_dtype) {
@@ -84,12 +96,26 @@ Reducer::Reducer(std::vector<Tensor> params, std::vector<std::string> names,
 
 Reducer::~Reducer() {
   for (auto& hook : hooks_) hook.remove();
-  // Never leave a collective reading our buffers after they are freed.
+  // Never leave a collective reading our buffers after they are freed. The built-in
+  // hooks' collectives end within the group's timeout (they fail then); a user hook's
+  // Work might never complete, and a destructor must not wait forever: after the
+  // timeout its buffers are kept alive for the rest of the process instead.
   for (auto& bucket : buckets_) {
+    if (!bucket.launched) continue;
     try {
-      if (bucket.launched) bucket.work.wait();
+      bucket.work.wait(group_->options().timeout);
     } catch (...) {
-      // The group has failed; its error was (or will be) reported by whoever waits next.
+      // Failed: the group's error was (or will be) reported by whoever waits next.
+      // Still running after the timeout: abandon the wait, not the memory.
+      if (!bucket.work.is_completed()) {
+        keep_alive_until_exit({bucket.flat, bucket.spare});
+        std::fprintf(stderr,
+                     "ringtrain: DDP was destroyed while bucket %zu's collective (%s) was still running after "
+                     "the group's timeout; its %zu-byte buffer is kept until the process exits so the collective "
+                     "cannot write freed memory (a communication hook's Work that never completes?)\n",
+                     static_cast<size_t>(&bucket - buckets_.data()), bucket.work.description().c_str(),
+                     static_cast<size_t>(bucket.flat.nbytes()));
+      }
     }
   }
 }
