@@ -20,13 +20,20 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
 }
 
 // Keeps tensors' memory for the rest of the process (reachable from a static, so leak
-// checkers do not count it): for buffers a collective that never ended may still use.
-void keep_alive_until_exit(std::vector<Tensor> tensors) {
+// checkers do not count it): for buffers a collective that failed or never ended may
+// still use.
+// `finish` is kept (not run) for what its closure holds.
+void keep_alive_until_exit(std::vector<Tensor> tensors, std::function<void()> finish) {
+  struct Kept {
+    std::vector<Tensor> tensors;
+    std::vector<std::function<void()>> closures;
+  };
   static std::mutex mutex;
-  static auto* kept = new std::vector<Tensor>();
+  static auto* kept = new Kept();
   std::lock_guard<std::mutex> lock(mutex);
   for (Tensor& t : tensors)
-    if (t.defined()) kept->push_back(std::move(t));
+    if (t.defined()) kept->tensors.push_back(std::move(t));
+  if (finish) kept->closures.push_back(std::move(finish));
 }
 
 CommHookResult compress_hook(comm::ProcessGroup& group, Bucket& bucket, DType wire_dtype) {
@@ -96,19 +103,23 @@ Reducer::Reducer(std::vector<Tensor> params, std::vector<std::string> names,
 
 Reducer::~Reducer() {
   for (auto& hook : hooks_) hook.remove();
-  // Never leave a collective reading our buffers after they are freed. The built-in
-  // hooks' collectives end within the group's timeout (they fail then); a user hook's
-  // Work might never complete, and a destructor must not wait forever: after the
-  // timeout its buffers are kept alive for the rest of the process instead.
+  // Never leave a collective reading or writing our buffers after they are freed. The
+  // built-in hooks' collectives end within the group's timeout (they fail then); a user
+  // hook's Work might never complete, and a destructor must not wait forever: after the
+  // timeout its buffers are kept alive for the rest of the process instead. A failed
+  // Work's buffers are kept too: a backend may leave device work queued that still
+  // writes them (the CUDA IPC allreduce gives up on a timeout with its copies queued),
+  // and the group is dead anyway. `finish` is kept with them: a hook's own wire buffer
+  // (the compression hooks' half-precision copy) lives only in that closure.
   for (auto& bucket : buckets_) {
     if (!bucket.launched) continue;
     try {
       bucket.work.wait(group_->options().timeout);
     } catch (...) {
-      // Failed: the group's error was (or will be) reported by whoever waits next.
+      // The group's error was (or will be) reported by whoever waits next.
+      keep_alive_until_exit({bucket.flat, bucket.spare}, std::move(bucket.finish));
       // Still running after the timeout: abandon the wait, not the memory.
       if (!bucket.work.is_completed()) {
-        keep_alive_until_exit({bucket.flat, bucket.spare});
         std::fprintf(stderr,
                      "ringtrain: DDP was destroyed while bucket %zu's collective (%s) was still running after "
                      "the group's timeout; its %zu-byte buffer is kept until the process exits so the collective "

@@ -67,5 +67,29 @@ TEST(ReducerLifetime, AHookWorkThatNeverCompletesDoesNotHangTheDestructor) {
   for (const Tensor& p : model->parameters()) EXPECT_EQ(autograd::grad(p).numel(), p.numel());
 }
 
+// A hook whose collective failed: its Work counts as completed, but a backend may have
+// left work queued that still writes the buffers (the CUDA IPC allreduce after a
+// timeout), so the bucket and the hook's own state (its `finish` closure, which holds the
+// compression hooks' wire buffer) outlive the DDP object.
+TEST(ReducerLifetime, AFailedCollectiveKeepsTheBucketAndTheHooksStateAlive) {
+  auto group = one_rank_group(std::chrono::milliseconds(300));
+  Generator gen(6);
+  auto model = nn::make<nn::Linear>(4, 3, true, gen);
+  auto wire_buffer = std::make_shared<Tensor>(zeros({16}));  // stands in for a hook's own buffer
+  std::weak_ptr<Tensor> wire_watch = wire_buffer;
+  {
+    DistributedDataParallel ddp(model, group);
+    ddp.register_comm_hook([wire_buffer](comm::ProcessGroup&, Bucket&) -> CommHookResult {
+      auto state = std::make_shared<comm::WorkState>([] { return std::string("the failing hook's work"); });
+      state->mark_failed(std::make_exception_ptr(comm::CommError("the transport failed on purpose")));
+      return {comm::Work(state), [wire_buffer] { (void)wire_buffer; }};
+    });
+    Tensor x = randn({2, 4}, gen);
+    expect_error([&] { autograd::backward(ag::sum(ddp(x))); }, {"the transport failed on purpose"});
+  }
+  wire_buffer.reset();  // the hook registered with DDP held the other references
+  EXPECT_FALSE(wire_watch.expired()) << "the hook's buffer was freed with the DDP object";
+}
+
 }  // namespace
 }  // namespace ringtrain::ddp
