@@ -49,6 +49,27 @@ void publish_then_terminate() {
   std::abort();
 }
 
+// Debug mode compares every collective through the store before it runs, so a rank
+// with it on waits there while ranks with it off run the collective: both would sit
+// until the timeout and blame each other. Every rank must agree; rank 0 publishes its
+// setting, the others compare (every backend: the store is always there).
+void check_same_debug_mode(Store& store, int rank, bool debug, std::chrono::milliseconds timeout) {
+  const std::string key = "rt/world/debug_collectives";
+  const std::string mine = debug ? "1" : "0";
+  if (rank == 0) {
+    store.set(key, mine);
+    return;
+  }
+  const std::string rank0 = store.get(key, timeout);
+  if (rank0 != mine) {
+    throw CommError(detail::concat(
+        "collective debug mode differs: rank ", rank, " has RINGTRAIN_DEBUG_COLLECTIVES=", mine, " but rank 0 has ",
+        rank0, "; debug mode checks every collective with every rank, so turn it on or off on all of them (export "
+        "it to every rank, e.g. mpirun -x RINGTRAIN_DEBUG_COLLECTIVES, or set InitOptions::group.debug_collectives "
+        "the same everywhere)"));
+  }
+}
+
 void apply_environment(ProcessGroupOptions& options, const EnvMap& env) {
   if (auto it = env.find("RINGTRAIN_TIMEOUT_SEC"); it != env.end() && !it->second.empty()) {
     int seconds = env_int(env, "RINGTRAIN_TIMEOUT_SEC", 1, 1 << 30,
@@ -283,6 +304,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
 
   std::shared_ptr<ProcessGroup> group;
   try {
+    check_same_debug_mode(*store, info.rank, group_options.debug_collectives, rendezvous_timeout);
     if (options.backend == "ring") group = make_ring_process_group(context);
     else if (options.backend == "mpi") group = make_mpi_process_group(context);
     else group = make_nccl_process_group(context);
