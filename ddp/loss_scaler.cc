@@ -2,6 +2,7 @@
 #include "ddp/loss_scaler.h"
 
 #include <cmath>
+#include <limits>
 
 #include "autograd/functions.h"
 #include "tensor/ops.h"
@@ -15,6 +16,17 @@ LossScaler::LossScaler(LossScalerOptions options, std::shared_ptr<comm::ProcessG
            "LossScaler: need init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 and "
            "growth_interval > 0; got ", options_.init_scale, ", ", options_.growth_factor, ", ",
            options_.backoff_factor, ", ", options_.growth_interval);
+  // GradScaler keeps its scale in a float32 tensor, and a float32 loss times a scale
+  // past FLT_MAX is inf: every step would overflow. (NaN fails the check above.)
+  RT_CHECK(fits_float32(options_.init_scale), "LossScaler: init_scale must be finite and at most "
+           "float32's largest value (", std::numeric_limits<float>::max(), "), got ", options_.init_scale,
+           "; GradScaler's default is 65536 (2^16)");
+}
+
+// A comparison, not static_cast<float>(scale): converting a double beyond float's
+// range is undefined behaviour in C++ (IEEE rounding makes it inf on our targets).
+bool LossScaler::fits_float32(double scale) {
+  return std::isfinite(scale) && scale <= std::numeric_limits<float>::max();
 }
 
 Tensor LossScaler::scale(const Tensor& loss) const {
@@ -81,7 +93,12 @@ void LossScaler::update() {
       scale_ *= options_.backoff_factor;
       growth_tracker_ = 0;
     } else if (++growth_tracker_ == options_.growth_interval) {
-      scale_ *= options_.growth_factor;
+      // As _amp_update_scale_: never grow past float32's range. A scale of inf would
+      // turn a float32 loss into inf/NaN (a skipped step every growth_interval + 1
+      // steps), and a float64 loss could grow it to double inf, which never comes back
+      // and which state_dict cannot write. The tracker restarts either way.
+      const double grown = scale_ * options_.growth_factor;
+      if (fits_float32(grown)) scale_ = grown;
       growth_tracker_ = 0;
     }
   }

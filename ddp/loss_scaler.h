@@ -6,7 +6,9 @@
 // lifts them into fp16's range; the optimizer then sees grad / S. If S is too
 // large some gradient overflows to inf/NaN: that step is skipped and S halves.
 // After `growth_interval` clean steps in a row S doubles, probing for the largest
-// scale that does not overflow.
+// scale that does not overflow, but never past float32's largest value (~3.4e38,
+// just below 2^128): as in GradScaler, whose scale is a float32 tensor, a growth
+// that would leave that range keeps S (the clean-step count still restarts).
 //
 // One step, in the order the caller uses it:
 //   scaled = scaler.scale(loss);  backward(scaled);
@@ -31,7 +33,7 @@
 namespace ringtrain::ddp {
 
 struct LossScalerOptions {
-  double init_scale = 65536.0;    // 2^16, GradScaler's default
+  double init_scale = 65536.0;    // 2^16, GradScaler's default; > 0 and finite in float32
   double growth_factor = 2.0;     // scale *= this after growth_interval clean steps
   double backoff_factor = 0.5;    // scale *= this on a step with inf/NaN
   int64_t growth_interval = 2000; // clean steps in a row before growing
@@ -70,6 +72,8 @@ class LossScaler {
  private:
   // max over ranks of a 0/1 flag (the identity without a group).
   bool any_rank(bool flag) const;
+  // `scale` is finite as a double and as a float32 (the range S is kept in).
+  static bool fits_float32(double scale);
 
   LossScalerOptions options_;
   std::shared_ptr<comm::ProcessGroup> group_;  // null: single process

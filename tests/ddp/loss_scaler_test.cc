@@ -6,7 +6,10 @@
 #include <cmath>
 #include <limits>
 
+#include "autograd/autograd.h"
+#include "autograd/functions.h"
 #include "tensor/ops.h"
+#include "tests/common/expect_error.h"
 
 namespace ringtrain::ddp {
 namespace {
@@ -198,6 +201,55 @@ TEST(LossScalerTest, SecondStepBeforeUpdateIsAnError) {
   scaler.update();
   EXPECT_TRUE(scaler.step({g}, [&] { ++steps; }));
   EXPECT_EQ(steps, 2);
+}
+
+// Runs `cycles` steps of a loss of 0 in `dtype` (zero gradients: nothing ever overflows)
+// through the scaler with growth_interval 1, the whole path: scale, backward, step, update.
+// Returns how many steps were skipped.
+int64_t skipped_steps_with_zero_loss(LossScaler& scaler, DType dtype, int cycles) {
+  Tensor param = autograd::set_requires_grad(zeros({2}, dtype));
+  int64_t skipped = 0;
+  for (int i = 0; i < cycles; ++i) {
+    autograd::set_grad(param, Tensor());
+    Tensor loss = ag::sum(ag::mul(param, 0.0));  // 0, and d loss / d param = 0
+    autograd::backward(scaler.scale(loss));
+    if (!scaler.step({autograd::grad(param)}, [] {})) ++skipped;
+    scaler.update();
+  }
+  return skipped;
+}
+
+// As _amp_update_scale_ ("Do not grow the scale past fp32 bounds to inf"): the scale
+// stops at 2^127. Before, it grew to 2^128 (inf as a float32): a float32 loss of 0
+// times it was NaN, so every other step was skipped; a float64 loss let it grow to
+// double inf, where it stayed (inf * backoff = inf) and state_dict wrote "scale": null.
+TEST(LossScalerTest, TheScaleNeverGrowsPastFloat32Range) {
+  const double kMaxScale = std::ldexp(1.0, 127);
+  {
+    LossScaler scaler({.growth_interval = 1});  // 2^16, doubling after every clean step
+    EXPECT_EQ(skipped_steps_with_zero_loss(scaler, DType::kFloat32, 200), 0);
+    EXPECT_EQ(scaler.get_scale(), kMaxScale);
+    EXPECT_EQ(scaler.growth_tracker(), 0);  // a growth refused still restarts the count
+  }
+  {
+    LossScaler scaler({.growth_interval = 1});
+    EXPECT_EQ(skipped_steps_with_zero_loss(scaler, DType::kFloat64, 1100), 0);
+    EXPECT_EQ(scaler.get_scale(), kMaxScale);
+    nlohmann::json state = scaler.state_dict();
+    EXPECT_TRUE(state["scale"].is_number()) << state.dump();
+    LossScaler resumed;
+    resumed.load_state_dict(state);
+    EXPECT_EQ(resumed.get_scale(), kMaxScale);
+  }
+}
+
+TEST(LossScalerTest, AnInitScaleOutsideFloat32RangeIsRefused) {
+  using ringtrain::testing::expect_error;
+  expect_error([] { LossScaler({.init_scale = INFINITY}); }, {"LossScaler", "init_scale", "finite", "65536"});
+  expect_error([] { LossScaler({.init_scale = 1e39}); }, {"LossScaler", "init_scale", "float32"});
+  expect_error([] { LossScaler({.init_scale = std::nan("")}); }, {"LossScaler", "init_scale"});
+  LossScaler largest({.init_scale = std::numeric_limits<float>::max()});  // the bound itself is fine
+  EXPECT_EQ(largest.get_scale(), std::numeric_limits<float>::max());
 }
 
 }  // namespace
