@@ -188,7 +188,9 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
 int64_t DataLoader::num_batches() const {
   int64_t n = sampler_->size();
   int64_t b = options_.batch_size;
-  return options_.drop_last ? n / b : (n + b - 1) / b;
+  // Not (n + b - 1) / b: that overflows for a batch_size near INT64_MAX ("the whole
+  // data set in one batch") and gave 0 batches.
+  return options_.drop_last ? n / b : n / b + (n % b != 0);
 }
 
 void DataLoader::set_epoch(int64_t epoch) {

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <set>
@@ -92,6 +93,18 @@ TEST(DataLoader, DropLastDropsTheShortBatch) {
   // Exact multiple: nothing dropped.
   DataLoader exact(counting_dataset(8), {.batch_size = 4, .drop_last = true});
   EXPECT_EQ(collect(exact).size(), 2u);
+}
+
+// "Everything in one batch" as batch_size = INT64_MAX: the count was (n + b - 1) / b,
+// which overflowed (undefined behaviour; it gave 0 batches, an epoch with no data).
+TEST(DataLoader, AHugeBatchSizeGivesOneBatchOfEverything) {
+  DataLoader loader(counting_dataset(10), {.batch_size = std::numeric_limits<int64_t>::max()});
+  EXPECT_EQ(loader.num_batches(), 1);
+  auto batches = collect(loader);
+  ASSERT_EQ(batches.size(), 1u);
+  EXPECT_EQ(batches[0], (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
+  DataLoader dropping(counting_dataset(10), {.batch_size = std::numeric_limits<int64_t>::max(), .drop_last = true});
+  EXPECT_EQ(dropping.num_batches(), 0);  // the one batch is short
 }
 
 std::vector<int64_t> flatten(const std::vector<std::vector<int64_t>>& b) {
