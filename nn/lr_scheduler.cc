@@ -128,9 +128,11 @@ LinearWarmup::LinearWarmup(Optimizer& optimizer, int64_t warmup_steps, double st
                            int64_t after_t_max, double after_eta_min)
     : LRScheduler("LinearWarmup", optimizer), warmup_steps_(warmup_steps), start_factor_(start_factor),
       after_t_max_(after_t_max), after_eta_min_(after_eta_min) {
-  RT_CHECK(warmup_steps >= 0 && start_factor >= 0 && start_factor <= 1 && after_t_max >= 0,
-           "LinearWarmup: invalid warmup_steps=", warmup_steps, " start_factor=", start_factor,
-           " after_t_max=", after_t_max, " (need warmup_steps >= 0, start_factor in [0, 1], after_t_max >= 0)");
+  RT_CHECK(warmup_steps >= 0 && after_t_max >= 0, "LinearWarmup: warmup_steps and after_t_max must be >= 0, "
+           "got warmup_steps=", warmup_steps, " after_t_max=", after_t_max);
+  RT_CHECK(start_factor > 0 && start_factor <= 1, "LinearWarmup: start_factor must be in (0, 1], as PyTorch's "
+           "LinearLR requires (0 would train the first epoch with lr 0), got ", start_factor,
+           "; the default is 1/3");
   RT_CHECK(std::isfinite(after_eta_min) && after_eta_min >= 0, "LinearWarmup: after_eta_min (the final lr "
            "of the cosine after the warm-up) must be finite and >= 0, got ", after_eta_min);
   apply();

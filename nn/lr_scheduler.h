@@ -1,8 +1,8 @@
 // lr_scheduler.h: learning-rate schedules that set each param group's "lr".
 //
 // defines: LRScheduler (base: step(), last_epoch, get_last_lr, state_dict as
-//          JSON), StepLR, CosineAnnealingLR, LinearWarmup (linear ramp then
-//          hand-over to an optional inner schedule).
+//          JSON), StepLR, CosineAnnealingLR, LinearWarmup (linear ramp, then
+//          the base lr or, with after_t_max > 0, a built-in cosine decay).
 //
 // Where it sits: the training loop calls optimizer.step() then scheduler.step()
 // once per epoch (or per iteration, the user's choice). A schedule computes the
@@ -77,13 +77,19 @@ class CosineAnnealingLR : public LRScheduler {
 };
 
 // Linear warm-up: lr = base * (start_factor + (1 - start_factor) * epoch / warmup_steps)
-// for epoch < warmup_steps; afterwards base_lr, or, with an `after` schedule
-// factory, that schedule's lr at (epoch - warmup_steps). Example: warm-up then cosine:
+// for epoch < warmup_steps (PyTorch's LinearLR with end_factor 1); afterwards the base
+// lr, or, with after_t_max > 0, a cosine from the base lr down to after_eta_min over
+// the after_t_max epochs after the warm-up (then after_eta_min). There is no other
+// schedule to hand over to. Example: warm-up then cosine:
 //   LinearWarmup(opt, 5, 0.1, /*after_t_max=*/95)  (cosine over the remaining 95).
+// start_factor is in (0, 1], as LinearLR requires, with LinearLR's default 1/3: a
+// factor of 0 would train the first epoch with lr 0 (Adam's step count, and so its
+// bias correction, would still advance).
 class LinearWarmup : public LRScheduler {
  public:
+  static constexpr double kDefaultStartFactor = 1.0 / 3;  // torch.optim.lr_scheduler.LinearLR's
   // after_t_max > 0: cosine-anneal to after_eta_min over after_t_max epochs after the warm-up.
-  LinearWarmup(Optimizer& optimizer, int64_t warmup_steps, double start_factor = 0.0,
+  LinearWarmup(Optimizer& optimizer, int64_t warmup_steps, double start_factor = kDefaultStartFactor,
                int64_t after_t_max = 0, double after_eta_min = 0.0);
   double lr_at(int64_t epoch, size_t group) const override;
 

@@ -291,6 +291,29 @@ TEST(LRSchedule, StepCosineWarmup) {
   EXPECT_THROW(step.load_state_dict(state), Error);  // a LinearWarmup state into a StepLR
 }
 
+// As PyTorch's LinearLR: start_factor in (0, 1], by default 1/3. Before, the default was 0
+// (and 0 was accepted): the first epoch trained with lr exactly 0.
+TEST(LRSchedule, LinearWarmupStartFactorIsInZeroOneAndDefaultsToAThird) {
+  SGD opt({param64({1.0})}, {.lr = 0.3});
+  LinearWarmup warm(opt, 2);
+  std::vector<double> lrs;
+  for (int e = 0; e < 4; ++e) {
+    lrs.push_back(opt.param_groups()[0].lr());
+    warm.step();
+  }
+  std::vector<double> expected = {0.1, 0.2, 0.3, 0.3};  // 0.3 * (1/3, 2/3, 1, 1)
+  for (size_t i = 0; i < lrs.size(); ++i) EXPECT_NEAR(lrs[i], expected[i], 1e-15) << i;
+
+  SGD other({param64({1.0})}, {.lr = 1.0});
+  for (double bad : {0.0, -0.5, 1.5}) {
+    ringtrain::testing::expect_error([&] { LinearWarmup(other, 2, bad); },
+                                     {"LinearWarmup", "start_factor", "(0, 1]", "LinearLR"});
+  }
+  EXPECT_EQ(other.param_groups()[0].lr(), 1.0);
+  LinearWarmup full(other, 2, 1.0);  // no ramp at all: the bound itself is allowed
+  EXPECT_EQ(other.param_groups()[0].lr(), 1.0);
+}
+
 // ---------------------------------------------------------------- misuse: each names the problem
 
 using ringtrain::testing::expect_error;
