@@ -170,11 +170,30 @@ class MpiProcessGroup final : public ProcessGroup {
           break;
       }
     }
+    MPI_Status status;
     try {
-      wait(request, c, deadline);
+      wait(request, c, deadline, &status);
     } catch (...) {
       (void)input_copy.release();  // MPI may still read it: it cannot cancel the request
       throw;
+    }
+    if (c.op == CollectiveOp::kRecv) {
+      // MPI accepts a message shorter than the receive buffer (only a longer one is an
+      // error, MPI_ERR_TRUNCATE) and leaves the rest of the buffer as it was: check the
+      // size here, as the ring backend does.
+      int received = 0;
+      {
+        std::lock_guard<std::mutex> lock(mpi_call_mutex());
+        MPI_CHECK(MPI_Get_count(&status, type, &received));
+      }
+      if (received == MPI_UNDEFINED || static_cast<size_t>(received) != c.input.count) {
+        throw CommError(detail::concat(
+            "recv from rank ", context().world_ranks[c.peer], " expected tag ", c.tag, " with ", c.input.count, " ",
+            dtype_name(c.input.dtype), " elements, but the peer sent ",
+            received == MPI_UNDEFINED ? std::string("a message that is not a whole number of them")
+                                      : detail::concat(received),
+            "; give the send and the recv the same count and dtype"));
+      }
     }
     if (c.reduce_op == ReduceOp::kAvg) {
       if (c.op == CollectiveOp::kAllreduce || (c.op == CollectiveOp::kReduce && rank() == c.peer)) {
@@ -200,14 +219,14 @@ class MpiProcessGroup final : public ProcessGroup {
   // kMemberCheck it also looks in the store for a member that failed (one that threw,
   // or aborted this group, stays alive and never joins this collective: MPI would
   // wait for it until the deadline), and then gives up with that member's reason.
-  void wait(MPI_Request& request, const Collective& c, Deadline deadline) {
+  void wait(MPI_Request& request, const Collective& c, Deadline deadline, MPI_Status* status) {
     constexpr auto kMemberCheck = std::chrono::milliseconds(500);
     auto next_check = Clock::now() + kMemberCheck;
     for (uint64_t round = 0;; ++round) {
       int done = 0;
       {
         std::lock_guard<std::mutex> lock(mpi_call_mutex());
-        MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+        MPI_CHECK(MPI_Test(&request, &done, status));
       }
       if (done) return;
       if (round > 1000) std::this_thread::yield();

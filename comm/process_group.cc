@@ -279,7 +279,11 @@ Work ProcessGroup::enqueue(Collective c, Launch launch) {
   // two thread hand-offs. Order is kept: nothing is queued or running, and the comm
   // thread waits while busy_.
   const size_t bytes = std::max(c.input.nbytes(), uses_output(c.op) ? c.output.nbytes() : 0);
-  const bool inline_worth_it = launch == Launch::kBlocking || bytes <= kInlineBytes;
+  // Never an asynchronous recv: it waits for its peer by nature, and run here it would
+  // hold the caller, who may be about to issue the send that peer waits for on another
+  // group.
+  const bool inline_worth_it =
+      launch == Launch::kBlocking || (bytes <= kInlineBytes && c.op != CollectiveOp::kRecv);
   if (!on_device && inline_worth_it && queue_.empty() && !busy_) {
     busy_ = true;
     lock.unlock();

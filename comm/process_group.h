@@ -96,6 +96,9 @@ class ProcessGroup {
   // Host collectives up to this size issued while the group is idle run on the
   // calling thread even when launched kAsync (the Work comes back completed): for
   // them the hand-off to the comm thread and back costs more than the collective.
+  // Not a kAsync recv (it may wait for a send the caller has yet to issue on another
+  // group). Collectives on several groups should be issued in the same order on every
+  // rank, as NCCL requires: a small one may hold its caller until its peers join.
   static constexpr size_t kInlineBytes = 32 << 10;
 
   virtual ~ProcessGroup();

@@ -119,7 +119,7 @@ class RingProcessGroup final : public ProcessGroup {
         if (header.magic != kPointToPointMagic || header.tag != c.tag ||
             header.nbytes != c.input.nbytes()) {
           throw CommError(detail::concat(
-              "recv from rank ", c.peer, " expected tag ", c.tag, " with ", c.input.nbytes(),
+              "recv from rank ", context().world_ranks[c.peer], " expected tag ", c.tag, " with ", c.input.nbytes(),
               " bytes, but the peer sent ",
               header.magic == kPointToPointMagic
                   ? detail::concat("tag ", header.tag, " with ", header.nbytes, " bytes")

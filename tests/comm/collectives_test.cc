@@ -479,6 +479,57 @@ TEST(PointToPoint, SendRecvAroundTheRing) {
   }
 }
 
+// A small asynchronous recv on one group must not hold its caller: each rank posts a
+// recv on one group and then the send its peer is waiting for on another. (A recv run
+// inline on the calling thread deadlocked here until the collective timeout.)
+TEST(PointToPoint, AnAsyncRecvOnOneGroupDoesNotHoldASendOnAnother) {
+  auto a = g_pg->split(0, g_pg->rank());
+  auto b = g_pg->split(0, g_pg->rank());
+  const int r = g_pg->rank();
+  if (r < 2) {
+    const int peer = 1 - r;
+    int32_t out = 10 + r, in = -1;
+    // rank 0 receives on a and sends on b; rank 1 the other way round
+    ProcessGroup& recv_group = r == 0 ? *a : *b;
+    ProcessGroup& send_group = r == 0 ? *b : *a;
+    const auto start = std::chrono::steady_clock::now();
+    Work recv_work = recv_group.recv({&in, 1, DType::kInt32}, peer, 3);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << "recv() held the caller";
+    Work send_work = send_group.send({&out, 1, DType::kInt32}, peer, 3);
+    send_work.wait(std::chrono::seconds(20));
+    recv_work.wait(std::chrono::seconds(20));
+    EXPECT_EQ(in, 10 + peer);
+  }
+  g_pg->barrier().wait();
+}
+
+// A recv whose send carried another number of elements is an error naming both sizes,
+// on every backend (MPI itself accepts a shorter message and leaves the rest of the
+// buffer as it was). In a sub-group: the failure ends the group it happened in.
+TEST(PointToPoint, ASizeMismatchIsNamed) {
+  auto sub = g_pg->split(0, g_pg->rank());
+  const int r = g_pg->rank();
+  if (r == 0) {
+    std::vector<int32_t> out(10, 5);
+    try {
+      sub->send({out.data(), out.size(), DType::kInt32}, 1, 4).wait(std::chrono::seconds(60));
+    } catch (const Error&) {
+      // the receiver's failure may reach this rank before its send completes
+    }
+  } else if (r == 1) {
+    std::vector<int32_t> in(20, -1);
+    try {
+      sub->recv({in.data(), in.size(), DType::kInt32}, 0, 4).wait(std::chrono::seconds(60));
+      ADD_FAILURE() << "a recv of 20 elements accepted a send of 10";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), ::testing::HasSubstr("recv from rank 0 expected tag 4 with"));
+      EXPECT_THAT(e.what(), ::testing::AnyOf(::testing::HasSubstr("20 int32 elements, but the peer sent 10"),
+                                             ::testing::HasSubstr("80 bytes, but the peer sent tag 4 with 40 bytes")));
+    }
+  }
+  g_pg->barrier().wait();
+}
+
 TEST(Work, ManyInFlightCompleteInOrder) {
   std::vector<std::vector<double>> buffers(8, std::vector<double>(5000));
   std::vector<Work> works;
