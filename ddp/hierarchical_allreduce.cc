@@ -4,8 +4,10 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 
+#include "tensor/cuda/runtime.h"
 #include "tensor/ops.h"
 
 namespace ringtrain::ddp {
@@ -19,6 +21,10 @@ struct HierarchicalAllreduce::State {
   struct Job {
     comm::BufferRef buffer;
     std::shared_ptr<comm::WorkState> state;
+    // CUDA buffers: the stream the caller produced the buffer on (its current stream
+    // when it enqueued the job). Step 1 is issued with it current, so the collective's
+    // ready event follows the caller's kernels, not the worker thread's default stream.
+    void* producer_stream = nullptr;
   };
 
   ~State() {
@@ -88,7 +94,7 @@ comm::Work HierarchicalAllreduce::State::enqueue(comm::BufferRef buffer) {
       work->mark_failed(failure);
       return comm::Work(work);
     }
-    queue.push_back({buffer, work});
+    queue.push_back({buffer, work, buffer.device.is_cuda() ? cuda::current_stream(buffer.device.index).handle() : nullptr});
   }
   changed.notify_all();
   return comm::Work(work);
@@ -132,8 +138,14 @@ void HierarchicalAllreduce::State::worker_loop() {
     // instead of handing it to their comm threads and back.
     const char* step = "1 (reduce inside the node)";
     try {
-      // step 1: reduce inside the node onto its leader
-      intra->reduce(job.buffer, 0, comm::ReduceOp::kSum, comm::Launch::kBlocking);
+      // step 1: reduce inside the node onto its leader, once the caller's stream has
+      // produced the buffer (steps 2 and 3 read what step 1 left: it has completed)
+      {
+        std::optional<cuda::StreamGuard> producer;
+        if (job.buffer.device.is_cuda())
+          producer.emplace(cuda::Stream::borrowed(job.producer_stream, job.buffer.device.index));
+        intra->reduce(job.buffer, 0, comm::ReduceOp::kSum, comm::Launch::kBlocking);
+      }
       // step 2: allreduce across nodes, leaders only
       step = "2 (allreduce among the node leaders)";
       if (inter) inter->allreduce(job.buffer, comm::ReduceOp::kSum, comm::Launch::kBlocking);

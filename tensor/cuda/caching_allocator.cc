@@ -179,9 +179,13 @@ class CachingAllocator {
           state->pending.push_back(std::move(pending));
           return;
         }
-        // Could not record the events (runtime failing): wait for the device instead.
+        // Could not record the events (runtime failing): wait for the block's device
+        // instead (not the caller's current one, which may be another GPU or none).
         for (cudaEvent_t e : pending.events) (void)cudaEventDestroy(e);
-        (void)cudaDeviceSynchronize();
+        {
+          detail::QuietDeviceGuard on_device(block->device);
+          if (on_device.ok()) (void)cudaDeviceSynchronize();
+        }
         (void)cudaGetLastError();
       }
       release(*state, block);

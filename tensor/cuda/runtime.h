@@ -145,8 +145,9 @@ DataPtr caching_allocate(size_t nbytes, int device);
 // Declares that the block starting at `ptr` (Storage::data() of a CUDA tensor) is
 // also used by work on `stream`, not only on the stream it was allocated on: when
 // the block is freed it is reused only after the work queued on `stream` so far
-// has finished (PyTorch's Tensor.record_stream). DDP calls it for gradients read
-// by the communication stream. As in PyTorch, the events are recorded when the block
+// has finished (PyTorch's Tensor.record_stream). (DDP does not need it: every
+// backend completes a Work only after its own stream has drained, and the Reducer
+// keeps a failed bucket's memory, see ~Reducer.) As in PyTorch, the events are recorded when the block
 // is freed (so work queued on `stream` after this call is covered too): `stream` must
 // outlive the block. A stream destroyed before that makes the free fall back to a
 // device-wide synchronize; its handle reused by a new stream would be guarded instead.
