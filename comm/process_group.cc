@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/cuda_staging.h"
+#include "comm/reduce.h"
 #include "tensor/storage.h"
 
 namespace ringtrain::comm {
@@ -357,8 +358,12 @@ void ProcessGroup::execute(Pending& pending) {
 
 void ProcessGroup::run_staged(const Collective& c, Deadline deadline) {
   bool on_device = c.input.device.is_cuda() || (uses_output(c.op) && c.output.device.is_cuda());
-  if (!on_device || handles_device_buffers()) {
+  if (handles_device_buffers() && on_device) {
     run(c, deadline);
+    return;
+  }
+  if (!on_device) {
+    run_host(c, deadline);
     return;
   }
   // One rank: an in-place collective leaves the buffer as it is; skip the copies.
@@ -385,7 +390,7 @@ void ProcessGroup::run_staged(const Collective& c, Deadline deadline) {
     host.output.device = Device::cpu();
   }
   try {
-    run(host, deadline);
+    run_host(host, deadline);
   } catch (...) {
     if (may_write_after_giving_up()) {
       // The backend may still write these after this throw: never free them under it.
@@ -399,6 +404,47 @@ void ProcessGroup::run_staged(const Collective& c, Deadline deadline) {
   if (uses_output(c.op)) {
     copy_host_to_device(c.output.data, host.output.data, c.output.nbytes(), device);
   }
+}
+
+// A 16-bit float average is a sum of values divided first (x / p on every rank), as
+// NCCL's ncclAvg does for them: the backends round each partial sum to 16 bits, so a
+// sum-then-divide overflows where the average would not (4 ranks of f16 20000: the sum
+// 80000 is inf). Integers and wider floats keep the division at the end (exact for
+// integers; no overflow to fear for f32/f64).
+void ProcessGroup::run_host(const Collective& c, Deadline deadline) {
+  const bool sixteen_bit = c.input.dtype == DType::kFloat16 || c.input.dtype == DType::kBFloat16;
+  const bool reduction =
+      c.op == CollectiveOp::kAllreduce || c.op == CollectiveOp::kReduce || c.op == CollectiveOp::kReduceScatter;
+  if (c.reduce_op != ReduceOp::kAvg || !sixteen_bit || !reduction || context_.size == 1) {
+    run(c, deadline);
+    return;
+  }
+  Collective sum = c;
+  sum.reduce_op = ReduceOp::kSum;
+  if (c.op == CollectiveOp::kAllreduce) {
+    // In place: the buffer is overwritten with the result anyway.
+    scale_for_average(c.input.data, c.input.count, c.input.dtype, context_.size);
+    run(sum, deadline);
+    return;
+  }
+  // reduce, reduce_scatter: the caller's input must stay as it was (on non-roots, and
+  // outside the output block); sum a divided copy. The reduce's result lands in the
+  // copy on the root.
+  DataPtr divided = allocate_bytes(c.input.nbytes(), Device::cpu());
+  std::memcpy(divided.get(), c.input.data, c.input.nbytes());
+  scale_for_average(divided.get(), c.input.count, c.input.dtype, context_.size);
+  sum.input.data = divided.get();
+  try {
+    run(sum, deadline);
+  } catch (...) {
+    if (may_write_after_giving_up()) {
+      std::lock_guard<std::mutex> lock(abandoned_mutex_);
+      abandoned_.push_back(std::move(divided));
+    }
+    throw;
+  }
+  if (c.op == CollectiveOp::kReduce && context_.rank == c.peer)
+    std::memcpy(c.input.data, divided.get(), c.input.nbytes());
 }
 
 // ---------------------------------------------------------------- debug mode

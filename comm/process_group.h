@@ -243,6 +243,8 @@ class ProcessGroup {
   void worker_loop();
   void execute(Pending& pending);
   void run_staged(const Collective& collective, Deadline deadline);
+  // run() on host memory, with a 16-bit average turned into a sum of divided values.
+  void run_host(const Collective& collective, Deadline deadline);
   void check_same_collective(const Collective& collective);
   // Turns the exception of a failed collective (or split), described by what_op, into
   // the error every later wait sees.

@@ -530,6 +530,39 @@ TEST(PointToPoint, ASizeMismatchIsNamed) {
   g_pg->barrier().wait();
 }
 
+// A 16-bit average whose sum overflows although the average does not: every rank holds
+// f16 20000 (max 65504), so with 4 ranks a sum-then-divide gives inf. Every backend
+// averages as NCCL's ncclAvg does (sum of pre-divided values), and the inputs a reduce
+// or reduce_scatter must leave alone stay as they were.
+TEST(Collectives, SixteenBitAveragesDoNotOverflowWhereTheAverageFits) {
+  const int n = g_pg->size(), r = g_pg->rank();
+  for (auto [dtype, big] : {std::pair{DType::kFloat16, 20000.0}, std::pair{DType::kBFloat16, 1.0e38}}) {
+    const double value = big * 4 / std::max(n, 4);  // n * value overflows for n >= 4 and f16 (bf16: any n >= 4)
+    const std::string name = dtype_name(dtype);
+    Buffer all(dtype, 7);
+    for (size_t i = 0; i < 7; ++i) all.set(i, value);
+    g_pg->allreduce(all.ref(), ReduceOp::kAvg).wait();
+    for (size_t i = 0; i < 7; ++i) EXPECT_NEAR(all.get(i), value, value * 1e-2) << name << " allreduce " << i;
+
+    Buffer root(dtype, 5);
+    for (size_t i = 0; i < 5; ++i) root.set(i, value);
+    g_pg->reduce(root.ref(), n - 1, ReduceOp::kAvg).wait();
+    for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(root.get(i), value, value * 1e-2) << name << " reduce " << i;
+
+    if (r != n - 1)  // a non-root's buffer is its input only
+      for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(root.get(i), value, value * 1e-2) << name << " reduce input " << i;
+
+    const size_t total = 3 * static_cast<size_t>(n);
+    Buffer in(dtype, total), out(dtype, 3);
+    for (size_t i = 0; i < total; ++i) in.set(i, value);
+    g_pg->reduce_scatter(in.ref(), out.ref(), ReduceOp::kAvg).wait();
+    for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(out.get(i), value, value * 1e-2) << name << " reduce_scatter " << i;
+    if (!g_cuda_buffers)  // (a device buffer's host copy is not read back)
+      for (size_t i = 0; i < total; ++i) EXPECT_NEAR(in.get(i), value, value * 1e-2) << name << " reduce_scatter input " << i;
+  }
+  (void)r;
+}
+
 TEST(Work, ManyInFlightCompleteInOrder) {
   std::vector<std::vector<double>> buffers(8, std::vector<double>(5000));
   std::vector<Work> works;
