@@ -30,7 +30,8 @@ void ring_broadcast(RingArgs& args, void* data, size_t nbytes, int root) {
   const int prev = ring_mod(r - 1, n);
   char* buffer = static_cast<char*>(data);
   if (position == 0) {
-    // the root: push the whole buffer to next (the transport streams it)
+    // the root: push the whole buffer to next (the transport streams it; next, if it
+    // is a middle rank, takes it in segments: transports are byte streams, transport.h)
     args.mesh.send(next, buffer, nbytes, args.deadline);
     return;
   }

@@ -14,6 +14,19 @@
 // sender fills slot k+1 while the receiver reduces slot k: that is the
 // pipelining of the ring, at slot granularity.
 //
+// It is a byte stream, like TCP (transport.h): slots carry no message boundaries.
+// A receive takes at most what remains of its message, so it may end inside a
+// slot; the receiver keeps its read offset in that slot, and the next receive
+// starts there. A slot goes back to the sender only once it is read to its end.
+// Sends and receives need not be cut the same way: the broadcast's root sends its
+// buffer as one message while a middle rank receives it in 1 MiB segments, which
+// any slot size that does not divide 1 MiB (196608, 2 MiB) splits inside a slot.
+// (Until that was so, such a broadcast failed with "the peer sent N bytes where M
+// were expected".) The sink still gets whole 8-byte groups except at a message's
+// end: a group split across two slots is put together in an 8-byte carry first.
+// Collectives that ranks issue differently are not detected here (TCP cannot
+// either): RINGTRAIN_DEBUG_COLLECTIVES=1 compares them, and a timeout says to.
+//
 // The sender's copy uses non-temporal stores from 4 KiB (ShmLayout::streaming_stores):
 // the slot's lines go to memory rather than staying dirty in the sender's cache, where
 // the receiver would have to fetch them from and the sender's next write into the slot
@@ -29,6 +42,7 @@
 // (share_shm_segments in shm_segment.h, called by PeerMesh).
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 
 #include "comm/launch_env.h"
 #include "comm/reduce.h"
@@ -98,6 +112,7 @@ class ShmTransport final : public Transport {
     out_ = reinterpret_cast<ChannelHeader*>(outbox_->base() + layout.channel_bytes() * my_local);
     in_slots_ = reinterpret_cast<char*>(in_) + header_bytes(layout.slots);
     out_slots_ = reinterpret_cast<char*>(out_) + header_bytes(layout.slots);
+    next_slot_ = known_head_ = in_->tail.load(std::memory_order_relaxed);
   }
 
   size_t try_send(const void* data, size_t nbytes) override {
@@ -123,22 +138,40 @@ class ShmTransport final : public Transport {
     return sent;
   }
 
+  // The byte stream's receiving half. A receive takes what has arrived, up to
+  // `remaining`, and a slot is handed back to the sender only once every byte of it
+  // has been consumed: a receive may end inside a slot, and the next receive starts
+  // where it ended. The sender's slots and the receiver's messages need not line up
+  // (the broadcast's root sends its whole buffer as one message; a middle rank
+  // receives it in 1 MiB segments, which a slot of 192 KiB does not divide).
   size_t try_recv(size_t offset, size_t remaining, const RecvSink& sink) override {
-    const uint64_t slots = static_cast<uint64_t>(layout_.slots);
-    uint64_t tail = in_->tail.load(std::memory_order_relaxed);
-    uint64_t head = in_->head.load(std::memory_order_acquire);
     size_t received = 0;
-    while (received < remaining && tail < head) {
-      uint64_t slot = tail % slots;
-      size_t n = slot_lengths(in_)[slot];
-      if (n > remaining - received) {
-        throw CommError(detail::concat(
-            "shared-memory transport: the peer sent ", n, " bytes where ", remaining - received,
-            " were expected (the ranks issued different collectives; run with "
-            "RINGTRAIN_DEBUG_COLLECTIVES=1 to find which)"));
+    while (received < remaining) {
+      const size_t left = remaining - received;  // counts the carried bytes too
+      if (carried_ > 0) {
+        // An 8-byte group (or the message's last < 8 bytes) that straddles slots:
+        // complete it in carry_ and hand it over whole.
+        const size_t group = std::min<size_t>(8, left);
+        carried_ += take(carry_ + carried_, group - carried_);
+        if (carried_ < group) break;  // the rest has not arrived yet
+        sink(carry_, offset + received, group);
+        received += group;
+        carried_ = 0;
+        continue;
       }
-      sink(in_slots_ + slot * layout_.slot_bytes, offset + received, n);
-      in_->tail.store(++tail, std::memory_order_release);
+      const char* piece = nullptr;
+      const size_t available = peek(&piece);
+      if (available == 0) break;
+      // Whole 8-byte groups, except at the message's end (the RecvSink contract).
+      size_t n = std::min(available, left);
+      if (n < left) n &= ~size_t{7};
+      if (n == 0) {
+        // fewer than 8 bytes left in this slot and more to come after them
+        carried_ = take(carry_, available);
+        continue;
+      }
+      sink(piece, offset + received, n);
+      consume(n);
       received += n;
     }
     return received;
@@ -147,6 +180,47 @@ class ShmTransport final : public Transport {
   const char* kind() const override { return "shm"; }
 
  private:
+  // The unread bytes of the oldest published slot, or 0 when none has arrived.
+  size_t peek(const char** piece) {
+    if (next_slot_ == known_head_) {
+      known_head_ = in_->head.load(std::memory_order_acquire);
+      if (next_slot_ == known_head_) return 0;
+    }
+    const uint64_t slot = next_slot_ % static_cast<uint64_t>(layout_.slots);
+    const uint64_t length = slot_lengths(in_)[slot];
+    if (length == 0 || length > layout_.slot_bytes) {
+      // the sender writes 1..slot_bytes: a hang (0) or a read past the slot otherwise
+      throw CommError(detail::concat("shared-memory transport: slot ", next_slot_, " of a channel has length ",
+                                     length, ", not in [1, ", layout_.slot_bytes,
+                                     "]: the channel was overwritten (memory corruption in this process or "
+                                     "its peer)"));
+    }
+    *piece = in_slots_ + slot * layout_.slot_bytes + read_offset_;
+    return length - read_offset_;
+  }
+  // Marks n bytes of the current slot read; a slot read to its end goes back to the sender.
+  void consume(size_t n) {
+    read_offset_ += n;
+    const uint64_t slot = next_slot_ % static_cast<uint64_t>(layout_.slots);
+    if (read_offset_ < slot_lengths(in_)[slot]) return;
+    read_offset_ = 0;
+    in_->tail.store(++next_slot_, std::memory_order_release);
+  }
+  // Copies up to n bytes out of the slots (across slot boundaries); returns how many.
+  size_t take(char* into, size_t n) {
+    size_t taken = 0;
+    const char* piece = nullptr;
+    while (taken < n) {
+      const size_t available = peek(&piece);
+      if (available == 0) break;
+      const size_t k = std::min(available, n - taken);
+      std::memcpy(into + taken, piece, k);
+      consume(k);
+      taken += k;
+    }
+    return taken;
+  }
+
   std::shared_ptr<ShmSegment> inbox_;   // our segment: the peer writes our channel in it
   std::shared_ptr<ShmSegment> outbox_;  // the peer's segment: we write our channel in it
   ShmLayout layout_;
@@ -154,6 +228,12 @@ class ShmTransport final : public Transport {
   ChannelHeader* out_;
   char* in_slots_;
   char* out_slots_;
+  // Receiving side (this object is the channel's only reader):
+  uint64_t next_slot_ = 0;   // the slot being read: the tail we publish once it is read
+  uint64_t known_head_ = 0;  // the sender's head as last loaded (reloaded when caught up)
+  size_t read_offset_ = 0;   // bytes of slot next_slot_ already handed over
+  char carry_[8];            // an 8-byte group being completed across slots
+  size_t carried_ = 0;       // bytes of it in carry_
 };
 
 }  // namespace

@@ -12,6 +12,15 @@
 // straight out of the transport's buffer (the shared-memory slot itself: no
 // extra copy on that path).
 //
+// Streams, not messages: neither transport keeps the boundaries of the sends. A
+// receive of m bytes takes the next m bytes of the stream however the peer cut
+// them into sends (and slots, or TCP segments), so the two sides may cut a
+// message differently: the broadcast's root sends its buffer whole while a middle
+// rank receives and forwards it in 1 MiB segments. The flip side: ranks that
+// issue different collectives are not caught here (their bytes are read by the
+// wrong receive, or never); RINGTRAIN_DEBUG_COLLECTIVES=1 compares the collectives
+// themselves, and a collective's timeout message points to it.
+//
 // PeerMesh::exchange(send to A, receive from B) drives both halves until both
 // are done; it is the only blocking primitive the ring algorithms use, so the
 // ring can send to next while it receives from prev without deadlock. While it

@@ -34,12 +34,18 @@
 //   comm_worker --mode reinit      the world group destroyed and made again twice in this
 //                                 process, an allreduce in each (destroy_process_group +
 //                                 init_process_group, as PyTorch test suites do)
+//   comm_worker --mode broadcast  a broadcast of 3 MiB + 26 bytes (float16) and of 3 MiB + 52
+//                                 bytes (int32) from every root, then a 3 MiB + 4 byte allreduce,
+//                                 each checked byte for byte against a naive reference; prints
+//                                 "rank R: broadcast ok" (run with odd RINGTRAIN_SHM_SLOT_BYTES: a
+//                                 middle rank receives the root's one message in 1 MiB segments)
 // Survivors print "rank R failed after X ms: <error>" and exit 3.
 #include <signal.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <span>
@@ -64,7 +70,8 @@ int main(int argc, char** argv) {
   app.add_flag("--blocking", blocking, "kill/throw/mismatch: launch the allreduces Launch::kBlocking");
   app.add_option("--mode", mode)->check(CLI::IsMember(
       {"check", "kill", "throw", "abort", "mismatch", "kill_before", "stall", "split_dead",
-       "sub_mismatch", "abort_stuck_store", "reinit", "split_setup_failure", "split_mismatch"}));
+       "sub_mismatch", "abort_stuck_store", "reinit", "split_setup_failure", "split_mismatch",
+       "broadcast"}));
   app.add_option("--backend", backend);
   app.add_option("--init", init_method);
   app.add_option("--victim", victim);
@@ -128,6 +135,56 @@ int main(int argc, char** argv) {
     std::cerr << "rank " << rank << " failed after " << ms.count() << " ms: " << e.what() << std::endl;
     return 3;
   };
+  if (mode == "broadcast") {
+    // Element i of root r's buffer: a pattern no other root or offset shares, so a
+    // piece landing at the wrong offset (or from the wrong message) shows.
+    auto pattern = [](int root, size_t i) { return static_cast<uint16_t>(i * 2654435761u + root * 40503u + 1); };
+    int bad = 0;
+    try {
+      for (DType dtype : {DType::kFloat16, DType::kInt32}) {
+        const size_t element = dtype_size(dtype);
+        const size_t count = (size_t{3} << 20) / element + 13;  // 3 MiB + 13 elements
+        std::vector<char> buffer(count * element), want(count * element);
+        for (int root = 0; root < n; ++root) {
+          // raw 16-bit patterns (the broadcast moves bytes: any float16 bits survive)
+          auto fill = [&](std::vector<char>& bytes, int who) {
+            for (size_t i = 0; i < bytes.size() / 2; ++i) {
+              const uint16_t v = pattern(who, i);
+              std::memcpy(bytes.data() + 2 * i, &v, 2);
+            }
+          };
+          fill(buffer, rank == root ? root : n + rank);  // non-roots start with other bytes
+          fill(want, root);
+          pg->broadcast({buffer.data(), count, dtype}, root).wait();
+          if (buffer != want) {
+            size_t first = 0;
+            while (buffer[first] == want[first]) ++first;
+            std::cerr << "rank " << rank << ": broadcast of " << buffer.size() << " bytes (" << dtype_name(dtype)
+                      << ") from root " << root << " differs from the root's first at byte " << first << "\n";
+            ++bad;
+          }
+        }
+      }
+      // the allreduce over the same transport: 3 MiB + 4 bytes of int32
+      std::vector<int32_t> values((size_t{3} << 20) / 4 + 1);
+      for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<int32_t>((i * 7 + rank * 3) % 101);
+      pg->allreduce({values.data(), values.size(), DType::kInt32}).wait();
+      for (size_t i = 0; i < values.size(); ++i) {
+        int32_t want = 0;
+        for (int r = 0; r < n; ++r) want += static_cast<int32_t>((i * 7 + r * 3) % 101);
+        if (values[i] != want) {
+          std::cerr << "rank " << rank << ": allreduce element " << i << " is " << values[i] << ", want " << want << "\n";
+          ++bad;
+          break;
+        }
+      }
+    } catch (const std::exception& e) {
+      return report(e);
+    }
+    if (bad > 0) return 1;
+    std::cout << "rank " << rank << ": broadcast ok" << std::endl;
+    return 0;
+  }
   if (mode == "reinit") {
     for (int round = 0; round < 3; ++round) {
       if (round > 0) {

@@ -3,6 +3,7 @@
 // slot copy routines, and ShmSegment's cleanup.
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -124,6 +125,55 @@ TEST(ShmSegment, UnmappableSegmentIsNotLeftInDevShm) {
     EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
   }
   EXPECT_FALSE(std::filesystem::exists("/dev/shm" + name)) << "/dev/shm" << name << " was left behind";
+}
+
+// The transport is a byte stream: one process, one channel looped back to itself (slots
+// of 64 bytes, 4 of them), sends cut one way and receives another. Every receive must
+// get exactly its bytes, in order, in pieces that are whole 8-byte groups except the
+// receive's last (a group split across two slots comes through the carry), whatever
+// the cut: receives that end inside a slot, sends of 13 and 3 bytes, a receive of 5.
+TEST(ShmTransport, IsAByteStreamWhateverTheSendsAndReceivesCut) {
+  ShmLayout layout;
+  layout.slot_bytes = 64;
+  layout.slots = 4;
+  layout.channels = 1;
+  const std::string name = "/ringtrain-test-stream-" + std::to_string(getpid());
+  auto segment = std::make_shared<ShmSegment>(name, layout.segment_bytes(), /*create=*/true);
+  shm_unlink(name.c_str());
+  auto transport = make_shm_transport(segment, 0, segment, 0, layout);
+  std::vector<char> stream(5000);
+  for (size_t i = 0; i < stream.size(); ++i) stream[i] = static_cast<char>(i * 131 + i / 256);
+  const std::vector<size_t> sends = {13, 3, 200, 1, 7, 64, 1000, 9, 2703};     // sums to 4000
+  const std::vector<size_t> receives = {24, 5, 100, 333, 8, 1, 2000, 17, 1512};  // sums to 4000
+  size_t sent = 0, send_index = 0, send_done = 0;  // send_done: bytes of sends[send_index] out
+  size_t received_total = 0;
+  for (size_t receive : receives) {
+    std::vector<char> got(receive);
+    std::vector<size_t> pieces;
+    size_t received = 0;
+    for (int spins = 0; received < receive; ++spins) {
+      ASSERT_LT(spins, 100000) << "receive of " << receive << " bytes at stream offset " << received_total << " stalled";
+      // push a little of the current send (the 4 slots fill up quickly)
+      if (send_index < sends.size()) {
+        size_t n = transport->try_send(stream.data() + sent, sends[send_index] - send_done);
+        sent += n;
+        send_done += n;
+        if (send_done == sends[send_index]) ++send_index, send_done = 0;
+      }
+      received += transport->try_recv(received, receive - received, [&](const void* piece, size_t offset, size_t n) {
+        std::memcpy(got.data() + offset, piece, n);
+        pieces.push_back(n);
+      });
+    }
+    EXPECT_EQ(0, std::memcmp(got.data(), stream.data() + received_total, receive))
+        << "receive of " << receive << " bytes at stream offset " << received_total;
+    for (size_t k = 0; k + 1 < pieces.size(); ++k) {
+      EXPECT_EQ(pieces[k] % 8, 0u) << "piece " << k << " of the receive at " << received_total << " has "
+                                   << pieces[k] << " bytes and is not its last";
+    }
+    received_total += receive;
+  }
+  EXPECT_EQ(received_total, sent);
 }
 
 }  // namespace
