@@ -302,6 +302,9 @@ int main(int argc, char** argv) {
                   100.0 * v.at("val_correct") / v.at("val_count"), v.at("val_correct"), v.at("val_count"),
                   v.at("val_loss_sum") / v.at("val_count"), (long long)r.global_step, note.c_str());
     }
+    if (r.rank == 0 && r.replicas_compared > 0)  // (fit() fails when they differ)
+      std::printf("model replicas identical on %d ranks (weights fingerprint %016llx)\n", r.replicas_compared,
+                  static_cast<unsigned long long>(r.weights_fingerprint));
   } catch (const std::exception& e) {
     std::cerr << "digits_ddp: " << e.what() << "\n";
     return 1;

@@ -83,18 +83,6 @@ std::shared_ptr<nn::Module> make_cnn(Generator& gen, int64_t side) {
       nn::make<nn::Flatten>(), nn::make<nn::Linear>(32 * (side / 4) * (side / 4), 10, true, gen)});
 }
 
-// FNV-1a over the bits of every parameter: equal fingerprints = bitwise equal weights.
-// Lets a user (and tests/nn/digits_resume_check.cmake) compare a resumed run with a straight one.
-uint64_t weights_fingerprint(const nn::Module& model) {
-  uint64_t h = 1469598103934665603ull;
-  for (const Tensor& p : model.parameters()) {
-    std::vector<float> v = p.to_vector<float>();
-    const auto* bytes = reinterpret_cast<const unsigned char*>(v.data());
-    for (size_t i = 0; i < v.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
-  }
-  return h;
-}
-
 // Correct predictions in a batch of logits.
 int64_t count_correct(const Tensor& logits, const Tensor& targets) {
   return static_cast<int64_t>(sum(eq(argmax(logits, 1), targets)).item());
@@ -261,7 +249,7 @@ int run(const Options& opt) {
               end_epoch == epochs ? "final" : "stopped early;", 100 * test_result.accuracy,
               static_cast<long long>(test_result.correct), static_cast<long long>(test_result.total),
               std::max(end_epoch, start_epoch), epochs, seconds());
-  std::printf("weights fingerprint: %016llx\n", static_cast<unsigned long long>(weights_fingerprint(*model)));
+  std::printf("weights fingerprint: %016llx\n", static_cast<unsigned long long>(nn::weights_fingerprint(*model)));
   return 0;
 }
 

@@ -380,4 +380,14 @@ std::vector<std::pair<std::string, Generator*>> Module::named_generators() {
   return out;
 }
 
+uint64_t weights_fingerprint(const Module& model) {
+  uint64_t h = 1469598103934665603ull;
+  for (const Tensor& p : model.parameters()) {
+    std::vector<float> v = p.to_vector<float>();
+    const auto* bytes = reinterpret_cast<const unsigned char*>(v.data());
+    for (size_t i = 0; i < v.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  }
+  return h;
+}
+
 }  // namespace ringtrain::nn

@@ -38,6 +38,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <cstdint>
 #include <vector>
 
 #include "tensor/device.h"
@@ -202,6 +203,11 @@ class Module {
   std::vector<std::pair<std::string, Tensor>> buffers_;   // own buffers (running stats, ...)
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;  // submodules
 };
+
+// FNV-1a over the bits of every parameter (as float32, in parameters() order): equal
+// fingerprints = bitwise equal weights. Compares replicas across ranks (the Trainer
+// does at the end of a DDP fit) and a resumed run with an uninterrupted one.
+uint64_t weights_fingerprint(const Module& model);
 
 // Derive concrete modules from Cloneable<YourModule> (instead of Module) to get clone().
 template <typename Derived>

@@ -651,6 +651,25 @@ FitResult Trainer::run_fit(TrainingModule& module, std::shared_ptr<const data::D
     }
   }
   result.global_step = global_step;
+  // DDP keeps the replicas bitwise equal (same averaged gradients, same optimizer
+  // step): check that it did, so that a run reporting success also reports that the
+  // ranks trained one model. One allgather of a 64-bit hash.
+  result.weights_fingerprint = nn::weights_fingerprint(*model);
+  if (ddp_model) {
+    int64_t mine = static_cast<int64_t>(result.weights_fingerprint);
+    std::vector<int64_t> all(static_cast<size_t>(world));
+    group->allgather({&mine, 1, DType::kInt64, Device::cpu()}, {all.data(), all.size(), DType::kInt64, Device::cpu()})
+        .wait();
+    std::string differing;
+    for (int r = 0; r < world; ++r)
+      if (all[r] != all[0]) differing += detail::concat(differing.empty() ? "" : ", ", "rank ", r);
+    RT_CHECK(differing.empty(), "Trainer: after training the model replicas differ: ", differing,
+             " ended with other weights than rank 0 (weights_fingerprint). DDP averages the same gradients on "
+             "every rank, so something changed parameters on some ranks only (an update outside the optimizer, "
+             "a rank-dependent optimizer setting) or the gradients were not averaged: compare the ranks' "
+             "options, and report it if they match");
+    result.replicas_compared = world;
+  }
   if (group) group->barrier().wait();
   return result;
 }

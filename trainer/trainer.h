@@ -122,6 +122,11 @@ struct FitResult {
   std::map<std::string, double> last_validation;  // summed over the validation set
   std::string resumed_from;           // checkpoint stem, empty when fresh
   int rank = 0;                       // this process's rank (print results on rank 0 only)
+  // nn::weights_fingerprint of the trained model. With DDP, fit() ends by comparing it
+  // across ranks (an error names the ranks that differ); replicas_compared is then the
+  // number of ranks that agreed (0: not compared, e.g. one process).
+  uint64_t weights_fingerprint = 0;
+  int replicas_compared = 0;
 };
 
 class Trainer {

@@ -118,6 +118,45 @@ void run_two_ranks(const std::function<int(int rank)>& body, const char* codes, 
 // batches) and rank 1 16 (one). With BatchNorm, DDP's forward broadcast the buffers
 // on every call, even under no_grad, so rank 0 broadcast twice and rank 1 once: "peer
 // sent 64 bytes where 16 were expected". Validation must not go through DDP.
+// A classifier whose learning rate depends on the rank: DDP averages the same gradients,
+// but the steps differ, so the replicas drift apart.
+class RankDependentLrClassifier : public Classifier {
+ public:
+  explicit RankDependentLrClassifier(int rank) : Classifier(false), rank_(rank) {}
+  Optimizers configure_optimizers(nn::Module& m) override {
+    return {std::make_unique<nn::SGD>(m.parameters(), nn::SGDOptions{.lr = 0.1 * (1 + rank_)}), nullptr};
+  }
+
+ private:
+  int rank_;
+};
+
+// fit() ends by comparing the replicas' weights: equal for a DDP run (and reported),
+// and replicas that drifted apart are an error naming the ranks, not a success.
+TEST(TrainerMultiRank, TheReplicasAreComparedAtTheEnd) {
+  auto data = blobs(64, 3);
+  run_two_ranks(
+      [&](int) {
+        Classifier module(false);
+        FitResult r = Trainer(quiet({.max_epochs = 2, .batch_size = 8})).fit(module, data);
+        return r.replicas_compared == 2 && r.weights_fingerprint == nn::weights_fingerprint(*module.model_) ? 0 : 1;
+      },
+      "1: replicas not compared");
+  run_two_ranks(
+      [&](int rank) {
+        RankDependentLrClassifier module(rank);
+        try {
+          Trainer(quiet({.max_epochs = 1, .batch_size = 8})).fit(module, data);
+        } catch (const Error& e) {
+          const std::string what = e.what();
+          return what.find("after training the model replicas differ: rank 1 ended with other weights than "
+                           "rank 0") != std::string::npos ? 0 : 2;
+        }
+        return 1;
+      },
+      "1: no error; 2: another error");
+}
+
 TEST(TrainerMultiRank, ValidationWithBatchNormAndUnevenBatchCounts) {
   run_two_ranks(
       [](int rank) {
