@@ -206,7 +206,9 @@ LaunchInfo parse_env_method(const EnvMap& env) {
   check_rank(info.rank, info.world_size, "RANK", "WORLD_SIZE");
   info.local_world_size =
       has(env, "LOCAL_WORLD_SIZE") ? env_int(env, "LOCAL_WORLD_SIZE", 1, 1 << 20, hint) : info.world_size;
-  info.local_rank = has(env, "LOCAL_RANK") ? env_int(env, "LOCAL_RANK", 0, 1 << 20, hint) : info.rank;
+  // Without LOCAL_RANK, ranks fill the nodes in order (as ringrun and torchrun number them).
+  info.local_rank = has(env, "LOCAL_RANK") ? env_int(env, "LOCAL_RANK", 0, 1 << 20, hint)
+                                           : info.rank % info.local_world_size;
   check_rank(info.local_rank, info.local_world_size, "LOCAL_RANK", "LOCAL_WORLD_SIZE");
   info.node_rank = has(env, "GROUP_RANK")  ? env_int(env, "GROUP_RANK", 0, 1 << 20, hint)
                    : has(env, "NODE_RANK") ? env_int(env, "NODE_RANK", 0, 1 << 20, hint)
@@ -236,12 +238,16 @@ LaunchInfo parse_slurm_method(const EnvMap& env) {
   info.local_rank = env_int(env, "SLURM_LOCALID", 0, 1 << 20, hint);
   info.node_rank = env_int(env, "SLURM_NODEID", 0, 1 << 20, hint);
   std::string local_size_var = "SLURM_NTASKS";
-  if (has(env, "SLURM_NTASKS_PER_NODE") && get(env, "SLURM_NTASKS_PER_NODE").find_first_not_of("0123456789") == std::string::npos) {
+  // The step's own layout first: srun sets it for every step, and a step may use part
+  // of the allocation (sbatch --ntasks-per-node=4, then srun -n 2: the job's
+  // SLURM_NTASKS_PER_NODE=4 is still in the step's environment, but 2 tasks run).
+  const bool step_layout = has(env, "SLURM_STEP_TASKS_PER_NODE");
+  if (!step_layout && has(env, "SLURM_NTASKS_PER_NODE") &&
+      get(env, "SLURM_NTASKS_PER_NODE").find_first_not_of("0123456789") == std::string::npos) {
     local_size_var = "SLURM_NTASKS_PER_NODE";
     info.local_world_size = env_int(env, "SLURM_NTASKS_PER_NODE", 1, 1 << 20, hint);
-  } else if (has(env, "SLURM_STEP_TASKS_PER_NODE") || has(env, "SLURM_TASKS_PER_NODE")) {
-    // The step's layout when srun gives it (a step may use part of the allocation).
-    local_size_var = has(env, "SLURM_STEP_TASKS_PER_NODE") ? "SLURM_STEP_TASKS_PER_NODE" : "SLURM_TASKS_PER_NODE";
+  } else if (step_layout || has(env, "SLURM_TASKS_PER_NODE")) {
+    local_size_var = step_layout ? "SLURM_STEP_TASKS_PER_NODE" : "SLURM_TASKS_PER_NODE";
     std::vector<int> counts = expand_tasks_per_node(get(env, local_size_var));
     info.local_world_size = info.node_rank < static_cast<int>(counts.size()) ? counts[info.node_rank]
                                                                              : counts.back();
@@ -330,6 +336,11 @@ LaunchInfo parse_mpi_method(const EnvMap& env) {
 
 LaunchInfo parse_url_method(const std::string& url, const EnvMap& env, int rank, int world_size) {
   LaunchInfo info;
+  // The scheme first: a mistyped method is named as such, not as a missing world size.
+  if (url.rfind("tcp://", 0) != 0 && url.rfind("file://", 0) != 0) {
+    throw CommError("init method '" + url + "' is not one of env://, slurm://, mpi://, "
+                    "tcp://host:port, file:///path, single, auto");
+  }
   const std::string hint = "pass rank and world_size to init_process_group, or set RANK and WORLD_SIZE";
   if (world_size < 0) {
     if (has(env, "WORLD_SIZE")) world_size = env_int(env, "WORLD_SIZE", 1, 1 << 20, hint);
@@ -346,8 +357,9 @@ LaunchInfo parse_url_method(const std::string& url, const EnvMap& env, int rank,
   check_rank(rank, world_size, "rank", "world_size");
   info.rank = rank;
   info.world_size = world_size;
-  info.local_rank = has(env, "LOCAL_RANK") ? env_int(env, "LOCAL_RANK", 0, 1 << 20, hint) : rank;
   info.local_world_size = has(env, "LOCAL_WORLD_SIZE") ? env_int(env, "LOCAL_WORLD_SIZE", 1, 1 << 20, hint) : world_size;
+  // Without LOCAL_RANK, ranks fill the nodes in order (as ringrun and torchrun number them).
+  info.local_rank = has(env, "LOCAL_RANK") ? env_int(env, "LOCAL_RANK", 0, 1 << 20, hint) : rank % info.local_world_size;
   if (url.rfind("tcp://", 0) == 0) {
     // host: a name, an IPv4 address, or an IPv6 address in brackets (tcp://[fd00::2]:29500)
     static const std::regex kHostPort(R"(tcp://(\[[^\]/]+\]|[^:/\[\]]+):(\d+)/?)");
@@ -382,7 +394,10 @@ LaunchInfo parse_url_method(const std::string& url, const EnvMap& env, int rank,
 }
 
 std::string detect_init_method(const EnvMap& env) {
-  if (has(env, "RINGTRAIN_INIT_METHOD")) return get(env, "RINGTRAIN_INIT_METHOD");
+  // (auto, or empty, asks for the detection below, as the init_method argument does)
+  if (has(env, "RINGTRAIN_INIT_METHOD") && get(env, "RINGTRAIN_INIT_METHOD") != "auto" &&
+      !get(env, "RINGTRAIN_INIT_METHOD").empty())
+    return get(env, "RINGTRAIN_INIT_METHOD");
   if (has(env, "MASTER_ADDR") && has(env, "RANK") && has(env, "WORLD_SIZE")) return "env://";
   const bool srun_task = (has(env, "SLURM_STEP_ID") || has(env, "SLURM_STEPID")) && has(env, "SLURM_PROCID") &&
                          (has(env, "SLURM_NTASKS") || has(env, "SLURM_NPROCS"));

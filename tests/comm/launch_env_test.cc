@@ -213,6 +213,47 @@ TEST(UrlMethods, TcpAndFile) {
   EXPECT_EQ(resolve_launch("single", {}, -1, -1).method, "single");
 }
 
+// A step on part of an allocation made with --ntasks-per-node=4 (srun -n 2 inside it):
+// the job's SLURM_NTASKS_PER_NODE is still in the step's environment, but the step runs
+// 2 tasks on the node; its own layout decides.
+TEST(SlurmMethod, TheStepsLayoutWinsOverTheJobsTasksPerNode) {
+  EnvMap env = srun_env();
+  env["SLURM_PROCID"] = "1";
+  env["SLURM_NTASKS"] = "2";
+  env["SLURM_LOCALID"] = "1";
+  env["SLURM_NODEID"] = "0";
+  env["SLURM_NTASKS_PER_NODE"] = "4";
+  env["SLURM_TASKS_PER_NODE"] = "4(x2)";
+  env["SLURM_STEP_TASKS_PER_NODE"] = "2";
+  EXPECT_EQ(parse_slurm_method(env).local_world_size, 2);
+  env.erase("SLURM_STEP_TASKS_PER_NODE");  // (no step layout: the job's count)
+  EXPECT_EQ(parse_slurm_method(env).local_world_size, 4);
+}
+
+// Without LOCAL_RANK, a rank's local rank is its place on its node (rank % local world
+// size, as launchers number them), not its global rank ("LOCAL_RANK=1 is not below
+// LOCAL_WORLD_SIZE=1" for a hand launch that set only LOCAL_WORLD_SIZE).
+TEST(EnvMethod, WithoutLocalRankRanksFillTheNodesInOrder) {
+  EnvMap env = {{"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}, {"WORLD_SIZE", "4"}, {"RANK", "3"},
+                {"LOCAL_WORLD_SIZE", "2"}};
+  LaunchInfo info = parse_env_method(env);
+  EXPECT_EQ(info.local_rank, 1);
+  EXPECT_EQ(info.node_rank, 1);
+  EXPECT_EQ(resolve_launch("tcp://h:1", {{"LOCAL_WORLD_SIZE", "1"}}, 1, 2).local_rank, 0);
+}
+
+// RINGTRAIN_INIT_METHOD=auto asks for detection (it was taken for a URL: "auto: the world
+// size is unknown"); a mistyped URL is named as such, not as a missing world size.
+TEST(Detection, AutoInTheVariableDetectsAndATypoIsNamed) {
+  EXPECT_EQ(resolve_launch("auto", {{"RINGTRAIN_INIT_METHOD", "auto"}}).method, "single");
+  EXPECT_EQ(resolve_launch("", {{"RINGTRAIN_INIT_METHOD", ""}}).method, "single");
+  for (const char* typo : {"tcp:/127.0.0.1:29571", "envv"}) {
+    const std::string message = error_of([&] { resolve_launch(typo, {{"RANK", "0"}, {"WORLD_SIZE", "2"}}); });
+    EXPECT_NE(message.find("is not one of env://"), std::string::npos) << typo << ": " << message;
+    EXPECT_EQ(error_of([&] { resolve_launch(typo, {}); }), message) << "the world size was asked for first";
+  }
+}
+
 TEST(Detection, DocumentedOrder) {
   EXPECT_EQ(detect_init_method({}), "single");
   EnvMap env = srun_env();
