@@ -88,7 +88,10 @@ void apply_environment(ProcessGroupOptions& options, const EnvMap& env) {
 
 // file://path: rank 0 writes its store address into the file (atomically, via a
 // rename); the others read it. A stale file from an earlier run is harmless: its
-// address refuses or rejects us, and we read the file again.
+// address refuses or rejects us, and we read the file again. A group made again in the
+// same process (generation N > 0) takes only a record of its own generation: the
+// previous one's file may still be there, pointing at rank 0's old store, which is
+// still up while it waits for every rank to check out.
 std::shared_ptr<Store> file_rendezvous(LaunchInfo& info, std::shared_ptr<StoreServer>* server,
                                        std::chrono::milliseconds timeout) {
   Deadline deadline = Clock::now() + timeout;
@@ -97,7 +100,7 @@ std::shared_ptr<Store> file_rendezvous(LaunchInfo& info, std::shared_ptr<StoreSe
     std::remove(info.file_path.c_str());
     *server = std::make_shared<StoreServer>("", 0, info.token, "");
     json record{{"addr", local_hostname()}, {"port", (*server)->port()}, {"token", info.token},
-                {"world_size", info.world_size}};
+                {"world_size", info.world_size}, {"generation", g_init_generation}};
     std::string tmp = info.file_path + ".tmp." + std::to_string(getpid());
     {
       std::ofstream out(tmp);
@@ -118,6 +121,12 @@ std::shared_ptr<Store> file_rendezvous(LaunchInfo& info, std::shared_ptr<StoreSe
     if (in) {
       try {
         json record = json::parse(in);
+        if (record.value("generation", 0) != g_init_generation) {
+          last_error = detail::concat("it holds the address of group generation ", record.value("generation", 0),
+                                      ", this is generation ", g_init_generation);
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          continue;
+        }
         info.token = record.at("token").get<std::string>();
         info.master_addr = record.at("addr").get<std::string>();
         info.master_port = record.at("port").get<int>();
