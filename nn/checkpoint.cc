@@ -297,18 +297,20 @@ CheckpointInfo load_checkpoint(const std::string& stem, const CheckpointTargets&
   }
 
   // ---- plan: schedule, generator ----
+  // Every check load_state_dict makes (type, groups, last_epoch, base lrs, each saved
+  // hyperparameter in the constructor's range), so a bad state is a problem listed
+  // here, not a throw and a rollback in the apply below.
   json sched_state;
   if (targets.scheduler != nullptr) {
     sched_state = meta.value("lr_scheduler", json());
-    json current = targets.scheduler->state_dict();
     if (sched_state.is_null()) {
       problems.push_back("lr_scheduler: the checkpoint has no LR schedule state");
-    } else if (sched_state.value("type", "") != current.value("type", "")) {
-      problems.push_back("lr_scheduler: checkpoint has " + sched_state.value("type", json("?")).dump() +
-                         ", this run uses " + current.value("type", json("?")).dump());
-    } else if (sched_state.value("base_lrs", json::array()).size() !=
-               current.value("base_lrs", json::array()).size()) {
-      problems.push_back("lr_scheduler: number of param groups differs");
+    } else {
+      try {
+        targets.scheduler->check_state_dict(sched_state);
+      } catch (const Error& e) {
+        problems.push_back(std::string("lr_scheduler: ") + e.what());
+      }
     }
   }
   // A generator's state is two unsigned integers; anything else is a problem found
@@ -374,12 +376,17 @@ CheckpointInfo load_checkpoint(const std::string& stem, const CheckpointTargets&
     generator_snapshot.push_back({targets.generator, targets.generator->seed(), targets.generator->offset()});
   for (const auto& [name, gen] : targets.extra_generators) generator_snapshot.push_back({gen, gen->seed(), gen->offset()});
   int stage = 0;
+  std::vector<std::string> notes;  // what the checkpoint changed that this run had set otherwise
   try {
     targets.model->load_state_dict(to_load, /*strict=*/true);
     stage = 1;
     if (targets.optimizer != nullptr) targets.optimizer->load_state_dict(opt_state);
     stage = 2;
-    if (targets.scheduler != nullptr) targets.scheduler->load_state_dict(sched_state);
+    if (targets.scheduler != nullptr) {
+      std::vector<std::string> changed;
+      targets.scheduler->load_state_dict(sched_state, &changed);
+      for (const std::string& c : changed) notes.push_back("lr_scheduler: " + c);
+    }
     stage = 3;
     if (targets.generator != nullptr) {
       targets.generator->set_state(rng["seed"].get<uint64_t>(), rng["offset"].get<uint64_t>());
@@ -413,6 +420,7 @@ CheckpointInfo load_checkpoint(const std::string& stem, const CheckpointTargets&
   info.progress = {meta["epoch"].get<int64_t>(), meta["step"].get<int64_t>()};
   info.extra = meta.value("extra", json());
   info.metadata = meta;
+  info.notes = std::move(notes);
   return info;
 }
 

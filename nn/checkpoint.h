@@ -23,10 +23,12 @@
 // leaves either the previous checkpoint or the complete new one.
 //
 // Loading validates everything first (both files, model keys and shapes, the
-// optimizer's type, groups and state shapes, the schedule's type) and only then
-// writes into the model, optimizer, schedule and generator. A checkpoint from a
+// optimizer's type, groups and state shapes, the schedule's whole state) and only
+// then writes into the model, optimizer, schedule and generator. A checkpoint from a
 // different model throws CheckpointError listing every missing, unexpected and
-// mis-shaped key, and nothing is changed.
+// mis-shaped key, and nothing is changed. The schedule's saved hyperparameters win
+// over the ones it was built with (PyTorch's semantics); each one that differs is
+// listed in CheckpointInfo::notes for the caller to show.
 #pragma once
 
 #include <compare>
@@ -80,6 +82,11 @@ struct CheckpointInfo {
   TrainingProgress progress;
   nlohmann::json extra;      // the user's extras given to save (null when none)
   nlohmann::json metadata;   // the whole JSON record
+  // load_checkpoint only: each value the checkpoint restored over a different one this
+  // run had set, one line each, e.g. "lr_scheduler: CosineAnnealingLR t_max: the loaded
+  // state's 30 replaces 40 (...)". Loading succeeded; a caller should show these (once, e.g.
+  // beside its "resumed from"), since the run now follows the checkpoint's values.
+  std::vector<std::string> notes;
 };
 
 // Writes <stem>.safetensors then <stem>.json, each atomically. `save_sequence` (> 0) is

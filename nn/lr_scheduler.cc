@@ -53,10 +53,13 @@ std::vector<double> LRScheduler::get_last_lr() const {
 }
 
 nlohmann::json LRScheduler::state_dict() const {
-  return {{"type", type_name_}, {"last_epoch", last_epoch_}, {"base_lrs", base_lrs_}};
+  nlohmann::json state = {{"type", type_name_}, {"last_epoch", last_epoch_}, {"base_lrs", base_lrs_}};
+  const nlohmann::json h = hyperparameters();  // named: items() of a temporary would dangle
+  for (const auto& [name, value] : h.items()) state[name] = value;
+  return state;
 }
 
-void LRScheduler::load_state_dict(const nlohmann::json& state) {
+LRScheduler::CheckedState LRScheduler::checked_state(const nlohmann::json& state) const {
   const std::string where = type_name_ + "::load_state_dict: ";
   const char* unchanged = " (nothing was changed)";
   RT_CHECK(state.is_object() && state.contains("type") && state.contains("last_epoch") &&
@@ -79,33 +82,92 @@ void LRScheduler::load_state_dict(const nlohmann::json& state) {
            unchanged);
   RT_CHECK(base_json.size() == base_lrs_.size(), where, base_json.size(), " base lrs for ", base_lrs_.size(),
            " param groups", unchanged);
-  std::vector<double> base;
+  CheckedState out;
+  out.last_epoch = epoch.get<int64_t>();
   for (size_t i = 0; i < base_json.size(); ++i) {
     RT_CHECK(base_json[i].is_number(), where, "\"base_lrs\"[", i, "] must be a number, got ",
              base_json[i].dump(), unchanged);
     double lr = base_json[i].get<double>();
     RT_CHECK(std::isfinite(lr) && lr >= 0, where, "\"base_lrs\"[", i, "] must be finite and >= 0, got ",
              lr, unchanged);
-    base.push_back(lr);
+    out.base_lrs.push_back(lr);
+  }
+  // Each hyperparameter of the kind the constructor takes (an integer stays an
+  // integer: 2.5 epochs is not a step_size), then the constructor's range checks. A
+  // state without one (saved before they were) keeps this schedule's value.
+  out.hyperparameters = hyperparameters();
+  for (auto& [name, value] : out.hyperparameters.items()) {
+    if (!state.contains(name)) continue;
+    const auto& saved = state.at(name);
+    if (value.is_number_integer()) {
+      RT_CHECK(saved.is_number_integer(), where, "\"", name, "\" must be an integer, got ", saved.dump(),
+               unchanged);
+      RT_CHECK(!saved.is_number_unsigned() ||
+                   saved.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
+               where, "\"", name, "\" is out of range: ", saved.dump(), unchanged);
+      value = saved.get<int64_t>();
+    } else {
+      // JSON has no inf or NaN: nlohmann writes them as null, refused here.
+      RT_CHECK(saved.is_number(), where, "\"", name, "\" must be a number, got ", saved.dump(), unchanged);
+      value = saved.get<double>();
+    }
+  }
+  check_hyperparameters(out.hyperparameters, where, unchanged);
+  return out;
+}
+
+void LRScheduler::check_state_dict(const nlohmann::json& state) const { (void)checked_state(state); }
+
+void LRScheduler::load_state_dict(const nlohmann::json& state, std::vector<std::string>* changed) {
+  CheckedState loaded = checked_state(state);
+  // What the state changes, worded before anything moves.
+  std::vector<std::string> notes;
+  const char* why = " (a loaded schedule keeps its saved values, as PyTorch's load_state_dict; "
+                    "start a new run to use this run's)";
+  const nlohmann::json current = hyperparameters();
+  for (const auto& [name, value] : loaded.hyperparameters.items()) {
+    if (value != current.at(name))
+      notes.push_back(type_name_ + " " + name + ": the loaded state's " + value.dump() + " replaces " +
+                      current.at(name).dump() + why);
+  }
+  for (size_t i = 0; i < base_lrs_.size(); ++i) {
+    if (loaded.base_lrs[i] != base_lrs_[i])
+      notes.push_back(type_name_ + " base lr of param group " + std::to_string(i) + ": the loaded state's " +
+                      nlohmann::json(loaded.base_lrs[i]).dump() + " replaces " +
+                      nlohmann::json(base_lrs_[i]).dump() + why);
   }
   // Apply with the new values; on failure (the optimizer's groups changed) restore the old.
-  std::vector<double> old_base = std::exchange(base_lrs_, std::move(base));
-  int64_t old_epoch = std::exchange(last_epoch_, epoch.get<int64_t>());
+  std::vector<double> old_base = std::exchange(base_lrs_, std::move(loaded.base_lrs));
+  int64_t old_epoch = std::exchange(last_epoch_, loaded.last_epoch);
+  set_hyperparameters(loaded.hyperparameters);
   try {
     apply();
   } catch (...) {
     base_lrs_ = std::move(old_base);
     last_epoch_ = old_epoch;
+    set_hyperparameters(current);
     throw;
   }
+  if (changed != nullptr) changed->insert(changed->end(), notes.begin(), notes.end());
 }
 
 StepLR::StepLR(Optimizer& optimizer, int64_t step_size, double gamma)
     : LRScheduler("StepLR", optimizer), step_size_(step_size), gamma_(gamma) {
-  RT_CHECK(step_size > 0, "StepLR: step_size must be positive, got ", step_size);
-  RT_CHECK(std::isfinite(gamma) && gamma > 0, "StepLR: gamma (the factor applied every step_size epochs) "
-           "must be finite and > 0, got ", gamma, "; 0.1 divides the lr by 10");
+  check_hyperparameters(hyperparameters(), "StepLR: ", "");
   apply();
+}
+nlohmann::json StepLR::hyperparameters() const { return {{"step_size", step_size_}, {"gamma", gamma_}}; }
+void StepLR::check_hyperparameters(const nlohmann::json& h, const std::string& where,
+                                   const std::string& tail) const {
+  const auto step_size = h.at("step_size").get<int64_t>();
+  const auto gamma = h.at("gamma").get<double>();
+  RT_CHECK(step_size > 0, where, "step_size must be positive, got ", step_size, tail);
+  RT_CHECK(std::isfinite(gamma) && gamma > 0, where, "gamma (the factor applied every step_size epochs) "
+           "must be finite and > 0, got ", gamma, "; 0.1 divides the lr by 10", tail);
+}
+void StepLR::set_hyperparameters(const nlohmann::json& h) {
+  step_size_ = h.at("step_size").get<int64_t>();
+  gamma_ = h.at("gamma").get<double>();
 }
 double StepLR::lr_at(int64_t epoch, size_t group) const {
   return base_lr(epoch, group) * std::pow(gamma_, static_cast<double>(epoch / step_size_));
@@ -113,10 +175,21 @@ double StepLR::lr_at(int64_t epoch, size_t group) const {
 
 CosineAnnealingLR::CosineAnnealingLR(Optimizer& optimizer, int64_t t_max, double eta_min)
     : LRScheduler("CosineAnnealingLR", optimizer), t_max_(t_max), eta_min_(eta_min) {
-  RT_CHECK(t_max > 0, "CosineAnnealingLR: t_max must be positive, got ", t_max);
-  RT_CHECK(std::isfinite(eta_min) && eta_min >= 0, "CosineAnnealingLR: eta_min (the final lr) must be "
-           "finite and >= 0, got ", eta_min);
+  check_hyperparameters(hyperparameters(), "CosineAnnealingLR: ", "");
   apply();
+}
+nlohmann::json CosineAnnealingLR::hyperparameters() const { return {{"t_max", t_max_}, {"eta_min", eta_min_}}; }
+void CosineAnnealingLR::check_hyperparameters(const nlohmann::json& h, const std::string& where,
+                                              const std::string& tail) const {
+  const auto t_max = h.at("t_max").get<int64_t>();
+  const auto eta_min = h.at("eta_min").get<double>();
+  RT_CHECK(t_max > 0, where, "t_max must be positive, got ", t_max, tail);
+  RT_CHECK(std::isfinite(eta_min) && eta_min >= 0, where, "eta_min (the final lr) must be finite and >= 0, got ",
+           eta_min, tail);
+}
+void CosineAnnealingLR::set_hyperparameters(const nlohmann::json& h) {
+  t_max_ = h.at("t_max").get<int64_t>();
+  eta_min_ = h.at("eta_min").get<double>();
 }
 double CosineAnnealingLR::lr_at(int64_t epoch, size_t group) const {
   const double base = base_lr(epoch, group);
@@ -128,14 +201,34 @@ LinearWarmup::LinearWarmup(Optimizer& optimizer, int64_t warmup_steps, double st
                            int64_t after_t_max, double after_eta_min)
     : LRScheduler("LinearWarmup", optimizer), warmup_steps_(warmup_steps), start_factor_(start_factor),
       after_t_max_(after_t_max), after_eta_min_(after_eta_min) {
-  RT_CHECK(warmup_steps >= 0 && after_t_max >= 0, "LinearWarmup: warmup_steps and after_t_max must be >= 0, "
-           "got warmup_steps=", warmup_steps, " after_t_max=", after_t_max);
-  RT_CHECK(start_factor > 0 && start_factor <= 1, "LinearWarmup: start_factor must be in (0, 1], as PyTorch's "
-           "LinearLR requires (0 would train the first epoch with lr 0), got ", start_factor,
-           "; the default is 1/3");
-  RT_CHECK(std::isfinite(after_eta_min) && after_eta_min >= 0, "LinearWarmup: after_eta_min (the final lr "
-           "of the cosine after the warm-up) must be finite and >= 0, got ", after_eta_min);
+  check_hyperparameters(hyperparameters(), "LinearWarmup: ", "");
   apply();
+}
+nlohmann::json LinearWarmup::hyperparameters() const {
+  return {{"warmup_steps", warmup_steps_},
+          {"start_factor", start_factor_},
+          {"after_t_max", after_t_max_},
+          {"after_eta_min", after_eta_min_}};
+}
+void LinearWarmup::check_hyperparameters(const nlohmann::json& h, const std::string& where,
+                                         const std::string& tail) const {
+  const auto warmup_steps = h.at("warmup_steps").get<int64_t>();
+  const auto start_factor = h.at("start_factor").get<double>();
+  const auto after_t_max = h.at("after_t_max").get<int64_t>();
+  const auto after_eta_min = h.at("after_eta_min").get<double>();
+  RT_CHECK(warmup_steps >= 0 && after_t_max >= 0, where, "warmup_steps and after_t_max must be >= 0, got "
+           "warmup_steps=", warmup_steps, " after_t_max=", after_t_max, tail);
+  RT_CHECK(start_factor > 0 && start_factor <= 1, where, "start_factor must be in (0, 1], as PyTorch's "
+           "LinearLR requires (0 would train the first epoch with lr 0), got ", start_factor,
+           "; the default is 1/3", tail);
+  RT_CHECK(std::isfinite(after_eta_min) && after_eta_min >= 0, where, "after_eta_min (the final lr of the "
+           "cosine after the warm-up) must be finite and >= 0, got ", after_eta_min, tail);
+}
+void LinearWarmup::set_hyperparameters(const nlohmann::json& h) {
+  warmup_steps_ = h.at("warmup_steps").get<int64_t>();
+  start_factor_ = h.at("start_factor").get<double>();
+  after_t_max_ = h.at("after_t_max").get<int64_t>();
+  after_eta_min_ = h.at("after_eta_min").get<double>();
 }
 double LinearWarmup::lr_at(int64_t epoch, size_t group) const {
   const double base = base_lr(epoch, group);

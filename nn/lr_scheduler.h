@@ -6,10 +6,21 @@
 //
 // Where it sits: the training loop calls optimizer.step() then scheduler.step()
 // once per epoch (or per iteration, the user's choice). A schedule computes the
-// lr from (base_lrs, last_epoch) in closed form, so restoring `last_epoch` from a
-// checkpoint restores the exact lr sequence; the JSON state is
-// {"type", "last_epoch", "base_lrs": [...]}. Constructing a schedule records the
-// groups' current lr as base_lrs and applies epoch 0's lr (PyTorch does the same).
+// lr from (base_lrs, last_epoch, its hyperparameters) in closed form. Constructing
+// a schedule records the groups' current lr as base_lrs and applies epoch 0's lr
+// (PyTorch does the same).
+//
+// State and resume. The JSON state is {"type", "last_epoch", "base_lrs": [...]}
+// plus the schedule's hyperparameters under their constructor names ("step_size",
+// "gamma"; "t_max", "eta_min"; "warmup_steps", "start_factor", "after_t_max",
+// "after_eta_min"). Loading restores all of them, as PyTorch's
+// LRScheduler.load_state_dict restores its whole __dict__: the saved values win
+// over the constructor's, so a run resumed with another t_max (digits_train
+// --epochs 40 after a run of 30) continues the curve it was on instead of
+// silently jumping to another one. Each value that loading changed is reported
+// (load_state_dict's `changed`, CheckpointInfo::notes) so the caller can say so;
+// a user who wants the new curve starts a new run. A state without the
+// hyperparameters (written before they were saved) keeps the constructor's.
 #pragma once
 
 #include <memory>
@@ -36,10 +47,17 @@ class LRScheduler {
   // does not exist or the epoch is negative.
   virtual double lr_at(int64_t epoch, size_t group) const = 0;
 
+  // {"type", "last_epoch", "base_lrs", and every hyperparameter by name}.
   nlohmann::json state_dict() const;
   // Checks everything first (type, last_epoch an integer >= 0, base_lrs one finite
-  // number >= 0 per group) and throws, changing nothing, on any mismatch; then applies the lr.
-  void load_state_dict(const nlohmann::json& state);
+  // number >= 0 per group, each hyperparameter it holds of the right kind and in the
+  // range the constructor accepts) and throws, changing nothing, on any problem;
+  // then restores them all (a hyperparameter the state lacks keeps its value) and
+  // applies the lr. Appends to `changed`, when given, one line for each value the
+  // state changed (a hyperparameter or a base lr that differs from this schedule's).
+  void load_state_dict(const nlohmann::json& state, std::vector<std::string>* changed = nullptr);
+  // load_state_dict's checks alone: throws Error naming the problem, changes nothing.
+  void check_state_dict(const nlohmann::json& state) const;
 
  protected:
   void apply();  // writes lr_at(last_epoch_) into the groups
@@ -47,10 +65,32 @@ class LRScheduler {
   // base_lrs_[group], after checking the arguments of lr_at.
   double base_lr(int64_t epoch, size_t group) const;
 
+  // The schedule's own parameters by constructor name, integers as JSON integers
+  // and reals as JSON floats: {"step_size": 2, "gamma": 0.5}. A schedule of your own
+  // overrides these three to have its parameters saved and restored; by default it
+  // has none (only last_epoch and base_lrs travel).
+  virtual nlohmann::json hyperparameters() const { return nlohmann::json::object(); }
+  // Throws Error, each message starting with `where` and ending with `tail`, when
+  // `h` (every key of hyperparameters(), each of its kind) holds a value the
+  // constructor would refuse. The constructors use the same check.
+  virtual void check_hyperparameters(const nlohmann::json& /*h*/, const std::string& /*where*/,
+                                     const std::string& /*tail*/) const {}
+  // Sets the parameters from `h`, already checked.
+  virtual void set_hyperparameters(const nlohmann::json& /*h*/) {}
+
   std::string type_name_;          // "StepLR", ...; checked on load
   Optimizer* optimizer_;           // not owned; must outlive the schedule
-  std::vector<double> base_lrs_;   // each group's lr when the schedule was made
+  std::vector<double> base_lrs_;   // each group's lr when the schedule was made (or loaded)
   int64_t last_epoch_ = 0;         // number of step() calls so far
+
+ private:
+  // What load_state_dict sets, from a state that passed every check.
+  struct CheckedState {
+    int64_t last_epoch = 0;
+    std::vector<double> base_lrs;
+    nlohmann::json hyperparameters;  // every key of hyperparameters(): the state's value, else the current one
+  };
+  CheckedState checked_state(const nlohmann::json& state) const;  // throws on any problem
 };
 
 // lr = base * gamma^(epoch / step_size); gamma finite and > 0.
@@ -58,6 +98,12 @@ class StepLR : public LRScheduler {
  public:
   StepLR(Optimizer& optimizer, int64_t step_size, double gamma = 0.1);
   double lr_at(int64_t epoch, size_t group) const override;
+
+ protected:
+  nlohmann::json hyperparameters() const override;
+  void check_hyperparameters(const nlohmann::json& h, const std::string& where,
+                             const std::string& tail) const override;
+  void set_hyperparameters(const nlohmann::json& h) override;
 
  private:
   int64_t step_size_;
@@ -70,6 +116,12 @@ class CosineAnnealingLR : public LRScheduler {
  public:
   CosineAnnealingLR(Optimizer& optimizer, int64_t t_max, double eta_min = 0.0);
   double lr_at(int64_t epoch, size_t group) const override;
+
+ protected:
+  nlohmann::json hyperparameters() const override;
+  void check_hyperparameters(const nlohmann::json& h, const std::string& where,
+                             const std::string& tail) const override;
+  void set_hyperparameters(const nlohmann::json& h) override;
 
  private:
   int64_t t_max_;
@@ -92,6 +144,12 @@ class LinearWarmup : public LRScheduler {
   LinearWarmup(Optimizer& optimizer, int64_t warmup_steps, double start_factor = kDefaultStartFactor,
                int64_t after_t_max = 0, double after_eta_min = 0.0);
   double lr_at(int64_t epoch, size_t group) const override;
+
+ protected:
+  nlohmann::json hyperparameters() const override;
+  void check_hyperparameters(const nlohmann::json& h, const std::string& where,
+                             const std::string& tail) const override;
+  void set_hyperparameters(const nlohmann::json& h) override;
 
  private:
   int64_t warmup_steps_;

@@ -512,5 +512,88 @@ TEST_F(CheckpointTest, AGeneratorStateOfAnotherTypeIsRefusedAndChangesNothing) {
   EXPECT_EQ(before, bits(run.model->named_parameters()[0].second));
 }
 
+// The schedule's hyperparameters travel in the checkpoint and win over the ones the
+// resuming run built its schedule with (PyTorch's load_state_dict), and the load says
+// so in CheckpointInfo::notes. Before, a run resumed with StepLR(opt, 3, ...) after a
+// run with step_size 2 (or digits_train --epochs 40 after 30: another t_max) silently
+// followed the new curve from the saved epoch on.
+TEST_F(CheckpointTest, TheSavedStepSizeWinsOverTheResumingRunsAndTheChangeIsReported) {
+  std::string stem = save_checkpoint_stem();
+  {
+    TrainingRun first(1, false);  // StepLR(opt, 2, 0.5)
+    first.train_epoch();
+    save_checkpoint(stem, first.targets(), {1, first.step});
+  }
+  TrainingRun resumed(1, false);
+  resumed.sched = std::make_unique<StepLR>(*resumed.opt, 3, 0.5);
+  CheckpointInfo info = load_checkpoint(stem, resumed.targets());
+  EXPECT_EQ(resumed.sched->last_epoch(), 1);
+  for (double want : {0.05, 0.05, 0.025, 0.025, 0.0125}) {  // epochs 2..6 at step_size 2, base 0.1
+    resumed.sched->step();
+    EXPECT_NEAR(resumed.opt->param_groups()[0].lr(), want, 1e-15) << "epoch " << resumed.sched->last_epoch();
+  }
+  EXPECT_EQ(info.notes.size(), 1u);
+  for (const char* part : {"lr_scheduler", "StepLR step_size", "2 replaces 3"})
+    EXPECT_NE(info.notes.empty() ? std::string::npos : info.notes[0].find(part), std::string::npos) << part;
+
+  // The same schedule: nothing to report.
+  TrainingRun same(1, false);
+  EXPECT_TRUE(load_checkpoint(stem, same.targets()).notes.empty());
+}
+
+// As digits_train: saved at epoch 10 of a cosine over 30 epochs, resumed with --epochs 40.
+TEST_F(CheckpointTest, ACosineResumedWithAnotherTMaxStaysOnTheSavedCurve) {
+  std::string cos_stem = save_checkpoint_stem();
+  TrainingRun thirty(1, false);
+  thirty.sched = std::make_unique<CosineAnnealingLR>(*thirty.opt, 30);
+  for (int e = 0; e < 10; ++e) thirty.sched->step();
+  save_checkpoint(cos_stem, thirty.targets(), {10, 0});
+  TrainingRun forty(1, false);
+  forty.sched = std::make_unique<CosineAnnealingLR>(*forty.opt, 40);
+  CheckpointInfo info = load_checkpoint(cos_stem, forty.targets());
+  for (int e = 10; e < 40; ++e) {
+    EXPECT_EQ(forty.opt->param_groups()[0].lr(), thirty.opt->param_groups()[0].lr()) << "epoch " << e;
+    forty.sched->step();
+    thirty.sched->step();
+  }
+  EXPECT_EQ(forty.opt->param_groups()[0].lr(), 0.0);  // t_max 30 ended the cosine at eta_min
+  EXPECT_EQ(info.notes.size(), 1u);
+  for (const std::string& note : info.notes)
+    EXPECT_NE(note.find("CosineAnnealingLR t_max: the loaded state's 30 replaces 40"), std::string::npos) << note;
+}
+
+// A checkpoint whose schedule state is out of range (edited, or corrupt in a way the
+// CRC of the tensor file does not cover) is refused while planning the load: nothing
+// is written, and the message names the field.
+TEST_F(CheckpointTest, AnInvalidSavedScheduleIsRefusedAndLoadsNothing) {
+  TrainingRun run(1, false);
+  run.train_epoch();
+  std::string stem = save_checkpoint_stem();
+  save_checkpoint(stem, run.targets(), {1, run.step});
+  nlohmann::json record = nlohmann::json::parse(std::ifstream(stem + ".json"));
+  record["lr_scheduler"]["step_size"] = 0;  // lr_at would divide by zero
+  std::ofstream(stem + ".json") << record.dump();
+
+  TrainingRun other(7, false);
+  auto before = bits(other.model->named_parameters()[0].second);
+  expect_ckpt_error([&] { load_checkpoint(stem, other.targets()); },
+                    {"nothing was loaded",
+                     "lr_scheduler: StepLR::load_state_dict: step_size must be positive, got 0"});
+  EXPECT_EQ(before, bits(other.model->named_parameters()[0].second));
+  EXPECT_EQ(other.sched->last_epoch(), 0);
+  EXPECT_EQ(other.sched->state_dict()["step_size"], 2);
+
+  // A checkpoint written before the hyperparameters were saved loads, with this run's.
+  record["lr_scheduler"].erase("step_size");
+  record["lr_scheduler"].erase("gamma");
+  std::ofstream(stem + ".json") << record.dump();
+  TrainingRun three(7, false);
+  three.sched = std::make_unique<StepLR>(*three.opt, 3, 0.5);
+  CheckpointInfo info = load_checkpoint(stem, three.targets());
+  EXPECT_TRUE(info.notes.empty());
+  EXPECT_EQ(three.sched->state_dict()["step_size"], 3);
+  EXPECT_EQ(three.sched->last_epoch(), 1);
+}
+
 }  // namespace
 }  // namespace ringtrain::nn

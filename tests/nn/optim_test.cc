@@ -314,6 +314,104 @@ TEST(LRSchedule, LinearWarmupStartFactorIsInZeroOneAndDefaultsToAThird) {
   EXPECT_EQ(other.param_groups()[0].lr(), 1.0);
 }
 
+// The lr of group 0 at each of the next `epochs` epochs, stepping the schedule.
+std::vector<double> next_lrs(Optimizer& opt, LRScheduler& schedule, int epochs) {
+  std::vector<double> out;
+  for (int e = 0; e < epochs; ++e) {
+    schedule.step();
+    out.push_back(opt.param_groups()[0].lr());
+  }
+  return out;
+}
+
+void expect_lrs_near(const std::vector<double>& got, const std::vector<double>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-15) << "epoch +" << i + 1;
+}
+
+// As PyTorch's LRScheduler.load_state_dict (it restores the whole __dict__): the saved
+// hyperparameters win over the constructor's, so a resumed run stays on its curve. Before,
+// only type, last_epoch and base_lrs were saved, and a resume with another step_size or
+// t_max (digits_train --epochs 40 after 30) silently switched to another curve.
+TEST(LRSchedule, LoadingRestoresTheSavedStepSizeAndSaysWhatChanged) {
+  SGD saved_opt({param64({1.0})}, {.lr = 1.0});
+  StepLR saved(saved_opt, 2, 0.5);
+  saved.step();
+  nlohmann::json state = saved.state_dict();
+  EXPECT_EQ(state["step_size"], 2);
+  EXPECT_EQ(state["gamma"], 0.5);
+
+  SGD opt({param64({1.0})}, {.lr = 1.0});
+  StepLR resumed(opt, 3, 0.5);
+  std::vector<std::string> changed;
+  resumed.load_state_dict(state, &changed);
+  expect_lrs_near(next_lrs(opt, resumed, 5), next_lrs(saved_opt, saved, 5));
+  // Epochs 2 and 6 of step_size 2 (of step_size 3 they would be 1 and 0.25).
+  EXPECT_NEAR(resumed.lr_at(2, 0), 0.5, 1e-15);
+  EXPECT_NEAR(resumed.lr_at(6, 0), 0.125, 1e-15);
+  EXPECT_EQ(resumed.state_dict(), saved.state_dict());
+  EXPECT_EQ(changed.size(), 1u);
+  for (const char* part : {"StepLR", "step_size", "2", "replaces 3", "PyTorch"})
+    EXPECT_NE(changed.empty() ? std::string::npos : changed[0].find(part), std::string::npos) << part;
+}
+
+TEST(LRSchedule, LoadingRestoresCosineAndWarmupHyperparametersAndBaseLrs) {
+  std::vector<std::string> changed;
+
+  // CosineAnnealingLR: saved with t_max 4, loaded into t_max 8; eta_min 0.01 over 0.
+  SGD cos_saved_opt({param64({1.0})}, {.lr = 0.1});
+  CosineAnnealingLR cos_saved(cos_saved_opt, 4, 0.01);
+  cos_saved.step();
+  SGD cos_opt({param64({1.0})}, {.lr = 0.1});
+  CosineAnnealingLR cos_resumed(cos_opt, 8);
+  changed.clear();
+  cos_resumed.load_state_dict(cos_saved.state_dict(), &changed);
+  expect_lrs_near(next_lrs(cos_opt, cos_resumed, 5), next_lrs(cos_saved_opt, cos_saved, 5));
+  EXPECT_NEAR(cos_opt.param_groups()[0].lr(), 0.01, 1e-15);  // reached eta_min at epoch 4 of t_max 4
+  EXPECT_EQ(changed.size(), 2u);  // t_max and eta_min
+
+  // LinearWarmup: all four, and the same values again change nothing and report nothing.
+  SGD warm_saved_opt({param64({1.0})}, {.lr = 1.0});
+  LinearWarmup warm_saved(warm_saved_opt, 4, 0.2, /*after_t_max=*/6, /*after_eta_min=*/0.05);
+  SGD warm_opt({param64({1.0})}, {.lr = 1.0});
+  LinearWarmup warm_resumed(warm_opt, 2);
+  changed.clear();
+  warm_resumed.load_state_dict(warm_saved.state_dict(), &changed);
+  EXPECT_EQ(changed.size(), 4u);
+  expect_lrs_near(next_lrs(warm_opt, warm_resumed, 12), next_lrs(warm_saved_opt, warm_saved, 12));
+  changed.clear();
+  warm_resumed.load_state_dict(warm_saved.state_dict(), &changed);
+  EXPECT_TRUE(changed.empty());
+
+  // A base lr that differs (the run's --lr changed) is restored and reported too.
+  SGD other_lr({param64({1.0})}, {.lr = 0.3});
+  StepLR other(other_lr, 2, 0.5);
+  SGD saved_opt({param64({1.0})}, {.lr = 1.0});
+  StepLR saved(saved_opt, 2, 0.5);
+  saved.step();
+  changed.clear();
+  other.load_state_dict(saved.state_dict(), &changed);
+  EXPECT_EQ(changed.size(), 1u);
+  EXPECT_NE(changed.empty() ? std::string::npos : changed[0].find("base lr of param group 0"), std::string::npos);
+  EXPECT_NEAR(other_lr.param_groups()[0].lr(), 1.0, 1e-15);
+}
+
+// A state written before the hyperparameters were saved still loads: the constructor's
+// values are kept, and nothing is reported as changed.
+TEST(LRSchedule, AStateWithoutHyperparametersKeepsTheConstructorsValues) {
+  SGD opt({param64({1.0})}, {.lr = 1.0});
+  StepLR step(opt, 3, 0.5);
+  std::vector<std::string> changed;
+  step.load_state_dict({{"type", "StepLR"}, {"last_epoch", 1}, {"base_lrs", {1.0}}}, &changed);
+  EXPECT_TRUE(changed.empty());
+  EXPECT_EQ(step.state_dict()["step_size"], 3);
+  expect_lrs_near(next_lrs(opt, step, 4), {1.0, 0.5, 0.5, 0.5});  // epochs 2..5 of step_size 3
+  nlohmann::json only_gamma = {{"type", "StepLR"}, {"last_epoch", 0}, {"base_lrs", {1.0}}, {"gamma", 0.1}};
+  step.load_state_dict(only_gamma);  // one present, one not
+  EXPECT_EQ(step.state_dict()["step_size"], 3);
+  EXPECT_EQ(step.state_dict()["gamma"], 0.1);
+}
+
 // ---------------------------------------------------------------- misuse: each names the problem
 
 using ringtrain::testing::expect_error;
@@ -569,6 +667,57 @@ TEST(LRScheduleMisuse, LoadStateDictChecksTypesAndRangesAndChangesNothing) {
   step.load_state_dict(st);  // a valid state loads
   EXPECT_EQ(step.last_epoch(), 3);
   EXPECT_NEAR(opt.param_groups()[0].lr(), 1e-3, 1e-15);
+}
+
+// A saved hyperparameter gets the constructor's checks (a corrupt checkpoint is an error
+// naming the field, never a division by zero or an lr of NaN), and a refused state
+// changes nothing: not the epoch, the lr, nor any hyperparameter.
+TEST(LRScheduleMisuse, LoadedHyperparametersAreCheckedLikeTheConstructorsAndChangeNothing) {
+  SGD opt({param64({1.0})}, {.lr = 1.0});
+  StepLR step(opt, 1, 0.1);
+  step.step();
+  const nlohmann::json good = step.state_dict();
+  auto expect_bad = [&](LRScheduler& schedule, const nlohmann::json& state, std::vector<std::string> parts) {
+    const nlohmann::json before = schedule.state_dict();
+    const double lr = opt.param_groups()[0].lr();
+    parts.push_back("nothing was changed");
+    expect_error([&] { schedule.load_state_dict(state); }, parts);
+    expect_error([&] { schedule.check_state_dict(state); }, parts);
+    EXPECT_EQ(schedule.state_dict(), before);
+    EXPECT_EQ(opt.param_groups()[0].lr(), lr);
+  };
+  auto with = [&](const char* key, const nlohmann::json& value) {
+    nlohmann::json st = good;
+    st[key] = value;
+    return st;
+  };
+  expect_bad(step, with("step_size", 0), {"StepLR::load_state_dict", "step_size must be positive, got 0"});
+  expect_bad(step, with("step_size", -2), {"step_size must be positive"});
+  expect_bad(step, with("step_size", 2.5), {"\"step_size\" must be an integer"});
+  expect_bad(step, with("step_size", "2"), {"\"step_size\" must be an integer"});
+  expect_bad(step, with("step_size", nlohmann::json(uint64_t{1} << 63)), {"\"step_size\" is out of range"});
+  expect_bad(step, with("gamma", nullptr), {"\"gamma\" must be a number, got null"});  // inf/NaN as written
+  expect_bad(step, with("gamma", -1.0), {"gamma", "must be finite and > 0"});
+  expect_bad(step, with("gamma", 0), {"gamma", "must be finite and > 0"});
+
+  CosineAnnealingLR cos(opt, 4);
+  nlohmann::json st = cos.state_dict();
+  st["t_max"] = 0;  // would divide by zero
+  expect_bad(cos, st, {"CosineAnnealingLR::load_state_dict", "t_max must be positive"});
+  st = cos.state_dict();
+  st["eta_min"] = -0.5;
+  expect_bad(cos, st, {"eta_min", ">= 0"});
+
+  LinearWarmup warm(opt, 2, 0.5);
+  st = warm.state_dict();
+  st["start_factor"] = 0.0;
+  expect_bad(warm, st, {"LinearWarmup::load_state_dict", "start_factor must be in (0, 1]"});
+  st = warm.state_dict();
+  st["warmup_steps"] = -1;
+  expect_bad(warm, st, {"warmup_steps", ">= 0"});
+  st = warm.state_dict();
+  st["after_eta_min"] = "x";
+  expect_bad(warm, st, {"\"after_eta_min\" must be a number"});
 }
 
 }  // namespace
