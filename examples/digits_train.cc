@@ -190,6 +190,7 @@ int run(const Options& opt) {
       step = info.progress.step;
       std::printf("resumed from %s: epoch %d, step %lld\n", info.stem.c_str(), start_epoch,
                   static_cast<long long>(step));
+      for (const std::string& note : info.notes) std::printf("%s\n", note.c_str());
     } else {
       std::printf("no checkpoint in %s; starting fresh\n", opt.checkpoint_dir.c_str());
     }

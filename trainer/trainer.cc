@@ -436,9 +436,13 @@ FitResult Trainer::run_fit(TrainingModule& module, std::shared_ptr<const data::D
       default_generator().set_state(default_generator().seed() + static_cast<uint64_t>(rank),
                                     default_generator().offset());
       result.resumed_from = info->stem;
-      if (global_zero)
+      if (global_zero) {
         std::printf("trainer: resumed from %s (epoch %lld, step %lld, %lld batches into the epoch)\n",
                     info->stem.c_str(), (long long)start_epoch, (long long)global_step, (long long)skip_batches);
+        // Values the checkpoint replaced (a schedule's t_max, say): the saved ones win, as
+        // in PyTorch, so a resumed run with other settings keeps the saved curve. Say so.
+        for (const std::string& note : info->notes) std::fprintf(stderr, "trainer: warning: %s\n", note.c_str());
+      }
     }
   }
   // A requeued job (SLURM_RESTART_COUNT > 0) that finds nothing to resume from starts

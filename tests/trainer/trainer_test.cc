@@ -423,6 +423,36 @@ TEST(TrainerTest, AResumedEpochReadsOnlyTheBatchesItTrainsOn) {
   fs::remove_all(dir);
 }
 
+// A classifier whose learning rate follows a cosine over `t_max` epochs.
+class CosineClassifier : public BlobClassifier {
+ public:
+  explicit CosineClassifier(int64_t t_max) : BlobClassifier(4), t_max_(t_max) {}
+  Optimizers configure_optimizers(nn::Module& m) override {
+    auto sgd = std::make_unique<nn::SGD>(m.parameters(), nn::SGDOptions{.lr = 0.1});
+    auto cosine = std::make_unique<nn::CosineAnnealingLR>(*sgd, t_max_);
+    return {std::move(sgd), std::move(cosine)};
+  }
+
+ private:
+  int64_t t_max_;
+};
+
+// Resumed with another schedule length, the saved one wins (PyTorch's rule) and the
+// Trainer says so, instead of silently training on a curve the user did not ask for.
+TEST(TrainerTest, ResumingWithAnotherScheduleWarnsThatTheSavedOneWins) {
+  fs::path dir = fresh_dir("rt_trainer_schedule");
+  auto data = blobs(64, 5);
+  CosineClassifier first(2);
+  Trainer(quiet({.max_epochs = 1, .batch_size = 16, .checkpoint_dir = dir.string()})).fit(first, data);
+  CosineClassifier second(4);
+  ::testing::internal::CaptureStderr();
+  FitResult r = Trainer(quiet({.max_epochs = 2, .batch_size = 16, .checkpoint_dir = dir.string()})).fit(second, data);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(r.resumed_from.empty());
+  EXPECT_NE(err.find("trainer: warning: lr_scheduler: CosineAnnealingLR t_max"), std::string::npos) << err;
+  fs::remove_all(dir);
+}
+
 // A signal during start-up (simulated as "after 0 steps"): stop before training,
 // nothing to save, no checkpoint written; a later run starts from the beginning.
 TEST(TrainerTest, SignalBeforeTheFirstStepStopsWithoutTraining) {
