@@ -104,7 +104,7 @@ auto in_slices(Deadline deadline, const PeerMesh::MemberCheck& check_members, co
 PeerMesh::PeerMesh(Store& store, const std::string& prefix, int rank, int size,
                    const std::vector<int>& world_ranks, const std::string& token,
                    const std::string& transport, Deadline deadline, const MemberCheck& check_members)
-    : rank_(rank), size_(size), peers_(size) {
+    : rank_(rank), size_(size), peers_(size), check_published_(check_members) {
   RT_CHECK(transport == "auto" || transport == "tcp" || transport == "shm",
            "ring transport '", transport, "' is not one of auto, tcp, shm (RINGTRAIN_TRANSPORT)");
   for (int r = 0; r < size; ++r) peers_[r].world_rank = world_ranks[r];
@@ -267,7 +267,8 @@ PeerMesh::PeerMesh(Store& store, const std::string& prefix, int rank, int size,
     // One inbox per rank, shared among the ranks of this host (the key names the host).
     auto segment_of = share_shm_segments(
         store, prefix + "/shm/" + hex(fnv1a(info[rank]["host"].get<std::string>())), rank, size,
-        local, world_ranks, shm_name_prefix_, local_layout.segment_bytes(), timeout, "shared-memory transport",
+        local, world_ranks, shm_name_prefix_, local_layout.segment_bytes(), deadline,
+        [this](const std::string& what) { this->check_members(what); }, "shared-memory transport",
         "set RINGTRAIN_SHM_SLOT_BYTES and RINGTRAIN_SHM_SLOTS the same on every rank");
     for (int r : local) {
       if (r == rank) continue;
@@ -397,6 +398,24 @@ int PeerMesh::wait_for_progress(int send_peer, int recv_peer, uint64_t idle_roun
     }
   }
   return -1;
+}
+
+void PeerMesh::check_members(const std::string& what) const {
+  // our own sockets are shut (close()): every peer would look gone
+  if (closed_) throw CommError("the process group was shut down after a failure");
+  if (check_published_) check_published_(what);
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_ || !peers_[peer].socket.valid() || !peers_[peer].socket.peer_closed()) continue;
+    // Its process is gone or gave up. The store's record of it says more (how, its
+    // pid and host) and comes a moment after the connection closes: give it that.
+    for (int look = 0; look < 5 && check_published_; ++look) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      check_published_(what);
+    }
+    throw PeerLostError(peers_[peer].world_rank,
+                        detail::concat("rank ", peers_[peer].world_rank, " closed its connection (process exited or "
+                                       "was killed) while rank ", peers_[rank_].world_rank, " waited for ", what));
+  }
 }
 
 void PeerMesh::wait_until(const std::function<bool()>& ready, Deadline deadline,

@@ -64,6 +64,12 @@ class RingProcessGroup final : public ProcessGroup {
       std::fprintf(stderr, "ringtrain: warning: no symmetric memory for %zu bytes, using private memory: %s\n",
                    bytes, e.what());
       return nullptr;
+    } catch (const PeerLostError& e) {
+      // A member died or failed while the others waited for it: the group cannot go
+      // on, and is failed as split() fails it (else rank 0, at exit, would wait a
+      // minute for the dead member to check out).
+      abort(e.what());
+      throw;
     }
     std::lock_guard<std::mutex> lock(symmetric_mutex_);
     std::erase_if(symmetric_, [](const auto& weak) { return weak.expired(); });

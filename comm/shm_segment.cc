@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -68,11 +69,51 @@ ShmSegment::ShmSegment(const std::string& name, size_t bytes, bool create)
 
 ShmSegment::~ShmSegment() { munmap(base_, bytes_); }
 
+namespace {
+
+// How long one slice of a wait lasts before the members are checked (a store round
+// trip per member), and so about how long a dead member goes unnoticed.
+constexpr auto kWaitSlice = std::chrono::milliseconds(250);
+
+// Runs attempt(slice) until it returns, in slices of kWaitSlice up to `deadline`. A
+// CommTimeoutError that ends a slice early means "not yet": check_members(what) then
+// throws if a member failed or died (it will never do its part). Before that error
+// goes out, attempt gets one last look (a member may have done its part and then
+// gone). The last slice's CommTimeoutError propagates.
+template <typename Attempt>
+auto in_slices(Deadline deadline, const ShmMemberCheck& check_members, const std::string& what,
+               Attempt&& attempt) {
+  while (true) {
+    const Deadline slice = std::min(deadline, Clock::now() + kWaitSlice);
+    try {
+      return attempt(std::chrono::milliseconds(std::max(0, millis_until(slice))));
+    } catch (const CommTimeoutError&) {
+      if (slice >= deadline) throw;
+    }
+    try {
+      check_members(what);
+    } catch (const CommError&) {
+      try {
+        return attempt(std::chrono::milliseconds(0));
+      } catch (const CommTimeoutError&) {
+      }
+      throw;  // the member's failure
+    }
+  }
+}
+
+}  // namespace
+
 std::vector<std::shared_ptr<ShmSegment>> share_shm_segments(
     Store& store, const std::string& key, int rank, int group_size, const std::vector<int>& members,
-    const std::vector<int>& world_ranks, const std::string& name, size_t bytes,
-    std::chrono::milliseconds timeout, const char* what, const char* fix) {
+    const std::vector<int>& world_ranks, const std::string& name, size_t bytes, Deadline deadline,
+    const ShmMemberCheck& check_members, const char* what, const char* fix) {
+  const Deadline start = Clock::now();
+  auto waited_seconds = [&] {
+    return std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - start).count();
+  };
   std::vector<std::shared_ptr<ShmSegment>> segments(group_size);
+  std::vector<nlohmann::json> entries(group_size);
   // 1. ours, zero-filled, its pages reserved. A rank that cannot create it publishes
   //    why in place of its name, so that every rank fails now, the same way.
   std::string create_error;
@@ -86,11 +127,20 @@ std::vector<std::shared_ptr<ShmSegment>> share_shm_segments(
               create_error.empty() ? nlohmann::json{{"name", name}, {"bytes", bytes}}.dump()
                                    : nlohmann::json{{"error", create_error}}.dump());
     // 2. everyone else's entry; any rank's creation failure fails all of them
-    std::vector<nlohmann::json> entries(group_size);
     std::string failed = create_error.empty() ? "" : detail::concat("rank ", world_ranks[rank], ": ", create_error);
     for (int r : members) {
       if (r == rank) continue;
-      entries[r] = nlohmann::json::parse(store.get(detail::concat(key, "/", r), timeout));
+      const std::string entry_key = detail::concat(key, "/", r);
+      try {
+        entries[r] = nlohmann::json::parse(
+            in_slices(deadline, check_members, detail::concat("rank ", world_ranks[r], "'s segment (", what, ")"),
+                      [&](std::chrono::milliseconds slice) { return store.get(entry_key, slice); }));
+      } catch (const CommTimeoutError&) {
+        throw CommTimeoutError(detail::concat(
+            what, ": rank ", world_ranks[r], " did not create its shared memory segment within ", waited_seconds(),
+            " s (rank ", world_ranks[rank], " waited for it): it is stuck before this call, or not every rank of "
+            "the group made it (each must, with the same size)"));
+      }
       if (failed.empty() && entries[r].contains("error")) {
         failed = detail::concat("rank ", world_ranks[r], ": ", entries[r]["error"].get<std::string>());
       }
@@ -108,14 +158,41 @@ std::vector<std::shared_ptr<ShmSegment>> share_shm_segments(
         throw CommError(detail::concat(what, ": rank ", world_ranks[rank], "'s shared memory segment has ", bytes,
                                        " bytes but rank ", world_ranks[r], "'s has ", theirs, "; ", fix));
       }
-      segments[r] = std::make_shared<ShmSegment>(entry["name"].get<std::string>(), bytes,
-                                                 /*create=*/false);
+      try {
+        segments[r] = std::make_shared<ShmSegment>(entry["name"].get<std::string>(), bytes,
+                                                   /*create=*/false);
+      } catch (const CommError&) {
+        // gone: most likely its owner died and a survivor removed it; say so if so
+        check_members(detail::concat("rank ", world_ranks[r], "'s segment (", what, "), found gone from /dev/shm"));
+        throw;
+      }
     }
     // 3. all mapped everywhere: the names can go
-    store.add(key + "/mapped", 1);
-    store.wait_at_least(key + "/mapped", static_cast<int64_t>(members.size()), timeout);
-  } catch (...) {
+    const std::string mapped_key = key + "/mapped";
+    const auto count = static_cast<int64_t>(members.size());
+    store.add(mapped_key, 1);
+    try {
+      in_slices(deadline, check_members, detail::concat("every rank to map the segments (", what, ")"),
+                [&](std::chrono::milliseconds slice) {
+                  store.wait_at_least(mapped_key, count, slice);
+                  return 0;
+                });
+    } catch (const CommTimeoutError&) {
+      throw CommTimeoutError(detail::concat(what, ": ", store.add(mapped_key, 0), " of ", count,
+                                            " ranks had mapped every shared memory segment after ", waited_seconds(),
+                                            " s (rank ", world_ranks[rank], " waited for the rest)"));
+    }
+  } catch (const PeerLostError& e) {
     if (segments[rank]) shm_unlink(name.c_str());  // not a name we failed to create
+    // The lost member cannot remove its name any more (killed): we can, when we read it.
+    for (int r : members) {
+      if (world_ranks[r] == e.rank() && entries[r].contains("name")) {
+        shm_unlink(entries[r]["name"].get<std::string>().c_str());
+      }
+    }
+    throw;
+  } catch (...) {
+    if (segments[rank]) shm_unlink(name.c_str());
     throw;
   }
   shm_unlink(name.c_str());

@@ -37,7 +37,7 @@ std::shared_ptr<SymmetricBuffer> SymmetricBuffer::allocate(PeerMesh& mesh, Store
   buffer->segments_ = share_shm_segments(
       store, key, rank, size, members, world_ranks,
       detail::concat(mesh.shm_name_prefix(), "-sym-", std::hash<std::string>{}(key)),
-      kSyncBytes + bytes, std::chrono::milliseconds(millis_until(deadline)),
+      kSyncBytes + bytes, deadline, [&mesh](const std::string& what) { mesh.check_members(what); },
       "allocate_symmetric", "every rank must allocate the same size");
   return buffer;
 }

@@ -150,6 +150,12 @@ class PeerMesh {
   bool all_shared_memory() const { return size_ > 1 && shm_peers_ == size_ - 1; }
   // A prefix for shared-memory segment names unique to this group and process.
   const std::string& shm_name_prefix() const { return shm_name_prefix_; }
+  // Throws PeerLostError when a member published a failure or died (the
+  // constructor's check_members: the store's record, which names a killed rank's
+  // pid and host) or its mesh connection is closed; `what` names what this rank
+  // waits for. For waits on members outside exchange(): the shared-memory
+  // rendezvous of symmetric memory (share_shm_segments).
+  void check_members(const std::string& what) const;
   // Blocks until ready() returns true, with exchange()'s waiting policy (spin,
   // yield, sleep), checking the deadline and that every peer is still alive.
   // `what` says what is awaited, for the timeout message.
@@ -173,6 +179,7 @@ class PeerMesh {
   std::vector<std::shared_ptr<ShmSegment>> segments_;  // keeps mappings alive
   int shm_peers_ = 0;            // peers reached through shared memory
   std::string shm_name_prefix_;  // "/ringtrain-<group hash>-r<rank>-p<pid>"
+  MemberCheck check_published_;  // the constructor's check_members
   std::atomic<bool> closed_{false};
 };
 

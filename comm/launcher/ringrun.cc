@@ -29,6 +29,15 @@
 // --stop-timeout, and exits only once those groups are empty, with the status
 // above. Nothing the workers started lives on in their process groups.
 //
+// Shared memory: the comm layer names its /dev/shm segments after the process that
+// creates them (/ringtrain-<group hash>-r<rank>-p<pid>[-sym-<n>], peer_mesh.cc) and
+// removes each name once every peer has mapped it, or when the rendezvous fails. A
+// process killed during that rendezvous (the transport's setup, allocate_symmetric)
+// cannot: its names would stay in /dev/shm, holding their memory, until a reboot.
+// So for every process ringrun reaps (a worker, or one reparented to it) it removes
+// the /dev/shm/ringtrain-* names with that pid: their creator is gone, and a name is
+// only ever opened by the peers of a rendezvous still under way with it.
+//
 // Terminal: the workers are not in the terminal's foreground process group, so one
 // that reads the terminal would be stopped (SIGTTIN) for good. As under mpirun,
 // every worker but rank 0 reads /dev/null, and rank 0 reads ringrun's standard input
@@ -55,6 +64,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -126,6 +136,25 @@ std::string describe_status(int status) {
            strsignal(WTERMSIG(status)) + ")";
   }
   return "stopped";
+}
+
+// Removes the shared-memory segments that process `pid`, just reaped, left in
+// /dev/shm (see the top of the file): names "ringtrain-...-p<pid>" and
+// "ringtrain-...-p<pid>-...". Returns how many. The pid was this process's child's
+// until now, so on this host (this pid namespace) no other process holds it. Best
+// effort: a /dev/shm that cannot be read is skipped.
+int remove_shm_leftovers(pid_t pid) {
+  const std::string tag = "-p" + std::to_string(pid);
+  int removed = 0;
+  std::error_code error;
+  for (std::filesystem::directory_iterator it("/dev/shm", error), end; !error && it != end; it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind("ringtrain-", 0) != 0) continue;
+    const bool ends_with_tag = name.size() >= tag.size() && name.compare(name.size() - tag.size(), tag.size(), tag) == 0;
+    if (!ends_with_tag && name.find(tag + "-") == std::string::npos) continue;
+    if (::unlink(it->path().c_str()) == 0) ++removed;
+  }
+  return removed;
 }
 
 // The error for `arg`, an unknown option given before the program name. torchrun spells
@@ -374,6 +403,16 @@ int main(int argc, char** argv) {
     // WUNTRACED: a stopped worker is reported too. Pids that are no worker's are what
     // the workers left behind, reparented to ringrun (the subreaper): reaped, nothing more.
     while ((pid = waitpid(-1, &status, WNOHANG | WUNTRACED)) > 0) {
+      if (!WIFSTOPPED(status)) {
+        if (const int removed = remove_shm_leftovers(pid); removed > 0) {
+          std::string who = "process " + std::to_string(pid);
+          for (auto& w : workers) {
+            if (w.pid == pid) who = "worker rank " + std::to_string(w.rank) + " (pid " + std::to_string(pid) + ")";
+          }
+          std::cerr << "ringrun: removed " << removed << " shared memory segment(s) that " << who
+                    << " left in /dev/shm (it " << describe_status(status) << ")\n";
+        }
+      }
       for (auto& w : workers) {
         if (w.pid != pid || !w.running) continue;
         if (WIFSTOPPED(status)) {

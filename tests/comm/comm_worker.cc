@@ -39,6 +39,14 @@
 //                                 each checked byte for byte against a naive reference; prints
 //                                 "rank R: broadcast ok" (run with odd RINGTRAIN_SHM_SLOT_BYTES: a
 //                                 middle rank receives the root's one message in 1 MiB segments)
+//   comm_worker --mode symmetric_dead  rank --victim SIGKILLs itself; the others call
+//                                 allocate_symmetric() and wait for its segment
+//   comm_worker --mode symmetric_dead_mapping  rank --victim dies inside allocate_symmetric(),
+//                                 once its segment is in /dev/shm (a thread watches for it),
+//                                 while it waits for the others' segments; they come 1 s late,
+//                                 find its segment, map it, and wait for it to map theirs.
+//                                 Both modes print "rank R pid P" first (ringrun's /dev/shm
+//                                 cleanup test looks for files with those pids)
 // Survivors print "rank R failed after X ms: <error>" and exit 3.
 #include <signal.h>
 #include <unistd.h>
@@ -46,6 +54,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <span>
@@ -71,7 +80,7 @@ int main(int argc, char** argv) {
   app.add_option("--mode", mode)->check(CLI::IsMember(
       {"check", "kill", "throw", "abort", "mismatch", "kill_before", "stall", "split_dead",
        "sub_mismatch", "abort_stuck_store", "reinit", "split_setup_failure", "split_mismatch",
-       "broadcast"}));
+       "broadcast", "symmetric_dead", "symmetric_dead_mapping"}));
   app.add_option("--backend", backend);
   app.add_option("--init", init_method);
   app.add_option("--victim", victim);
@@ -222,6 +231,39 @@ int main(int argc, char** argv) {
         std::cout << "rank 0 saw: " << e.what() << std::endl;
       }
     }
+    return 0;
+  }
+  if (mode == "symmetric_dead" || mode == "symmetric_dead_mapping") {
+    std::cout << "rank " << rank << " pid " << getpid() << std::endl;
+    pg->barrier().wait();
+    if (rank == victim && mode == "symmetric_dead") {
+      std::cerr << "victim: SIGKILL now" << std::endl;
+      raise(SIGKILL);
+    }
+    if (rank == victim) {
+      // die once this process's symmetric segment exists (and is published, 100 ms
+      // later), while this rank waits for the others' segments: they are a second late
+      std::thread([] {
+        const std::string mine = "-p" + std::to_string(getpid()) + "-sym-";
+        while (true) {
+          for (const auto& file : std::filesystem::directory_iterator("/dev/shm")) {
+            if (file.path().filename().string().find(mine) != std::string::npos) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(100));
+              std::cerr << "victim: SIGKILL now, in allocate_symmetric (" << file.path().string() << ")" << std::endl;
+              raise(SIGKILL);
+            }
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+      }).detach();
+    }
+    if (rank != victim && mode == "symmetric_dead_mapping") std::this_thread::sleep_for(std::chrono::seconds(1));
+    try {
+      pg->allocate_symmetric(1 << 20);
+    } catch (const std::exception& e) {
+      return report(e);
+    }
+    std::cerr << "rank " << rank << ": no failure was observed" << std::endl;
     return 0;
   }
   if (mode == "split_dead" || mode == "split_setup_failure") {
