@@ -258,6 +258,11 @@ int main(int argc, char** argv) {
   }
   const int world_size = nnodes * nproc_per_node;
 
+  // An ignored SIGCHLD survives exec: started so (by a daemon, a Python program that set
+  // it), ringrun's children would be reaped by the kernel itself, waitpid() would never
+  // report them, and ringrun would wait forever. The default it is, for the workers too.
+  signal(SIGCHLD, SIG_DFL);
+
   // Signals are handled synchronously (sigtimedwait below): block them now, and
   // unblock them in each child before exec.
   sigset_t handled;
