@@ -18,7 +18,10 @@
 // (its exit code, or 128 + the signal number, as a shell reports it). A stop signal
 // from outside (SIGINT, SIGTERM, SIGHUP, SIGQUIT: scancel, the walltime) gives the
 // workers --signal-timeout seconds (30, SLURM's default KillWait) before SIGKILL,
-// time to write the checkpoint they write on SIGTERM.
+// time to write the checkpoint they write on SIGTERM. A signal ringrun was started
+// with ignored (SIGHUP under nohup, SIGINT and SIGQUIT in a script's background job)
+// stays ignored: not forwarded, no stop. SIGCHLD is reset to the default at start-up
+// (ignored, it would have the kernel reap the workers unseen).
 //
 // Leftovers: ringrun is a child subreaper (PR_SET_CHILD_SUBREAPER), so whatever a
 // worker started and left behind is reparented to ringrun and reaped by it. It
@@ -265,9 +268,18 @@ int main(int argc, char** argv) {
 
   // Signals are handled synchronously (sigtimedwait below): block them now, and
   // unblock them in each child before exec.
+  // A signal ringrun was started with ignored stays ignored, as nohup (SIGHUP) and a
+  // shell's background jobs (SIGINT, SIGQUIT) expect: not collected, so not forwarded
+  // (the workers inherit the ignore anyway) and no stop. Blocked, it would be collected
+  // all the same: the kernel discards an ignored signal only while it is not blocked.
   sigset_t handled;
   sigemptyset(&handled);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCHLD}) sigaddset(&handled, sig);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2}) {
+    struct sigaction inherited {};
+    if (sigaction(sig, nullptr, &inherited) == 0 && inherited.sa_handler == SIG_IGN) continue;
+    sigaddset(&handled, sig);
+  }
+  sigaddset(&handled, SIGCHLD);
   sigset_t previous;
   sigprocmask(SIG_BLOCK, &handled, &previous);
 
