@@ -7,8 +7,10 @@
 //
 // Each worker gets the env:// variables: MASTER_ADDR, MASTER_PORT, WORLD_SIZE,
 // RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK/NODE_RANK, and RINGTRAIN_JOB_TOKEN
-// (random on one node; on several, derived from the master address unless
-// --job-token is given, since every node must present the same one).
+// when there is one: --job-token or the environment's, else a random one on one node.
+// On several nodes without one it is not set, and env:// derives the token from what
+// every node shares (master port, world size), leaving the master's address out:
+// nodes that name the master differently (node1, node1.cluster, its IP) are one job.
 //
 // Supervision: the workers run in their own process group, so a Ctrl-C reaches
 // them only through ringrun, which forwards SIGINT, SIGTERM, SIGHUP, SIGQUIT,
@@ -202,8 +204,8 @@ int main(int argc, char** argv) {
   app.add_option("--master-port", master_port, "TCP port of the store on the master")
       ->check(CLI::Range(1, 65535))->capture_default_str();
   app.add_option("--job-token", job_token,
-                 "token every rank presents to the store (default: random on one node, derived from "
-                 "the master address on several; RINGTRAIN_JOB_TOKEN also works)");
+                 "token every rank presents to the store (default: random on one node; on several, "
+                 "derived by env:// from the master port and world size; RINGTRAIN_JOB_TOKEN also works)");
   app.add_option("--stop-timeout", stop_timeout,
                  "seconds between SIGTERM and SIGKILL when stopping the other workers after a failure, "
                  "or what the workers left running after they exited")
@@ -257,7 +259,9 @@ int main(int argc, char** argv) {
   if (job_token.empty()) {
     if (const char* env = std::getenv("RINGTRAIN_JOB_TOKEN"); env && *env) job_token = env;
     else if (nnodes == 1) job_token = random_token();
-    else job_token = "ringrun:" + master_addr + ":" + std::to_string(master_port);
+    // Several nodes: every node must present the same token, and a random one cannot be
+    // shared. Left unset, env:// derives one from the master port and world size (not
+    // from the master's address, which the nodes may spell differently).
   }
   const int world_size = nnodes * nproc_per_node;
 
@@ -331,7 +335,7 @@ int main(int argc, char** argv) {
       setenv("LOCAL_WORLD_SIZE", std::to_string(nproc_per_node).c_str(), 1);
       setenv("GROUP_RANK", std::to_string(node_rank).c_str(), 1);
       setenv("NODE_RANK", std::to_string(node_rank).c_str(), 1);
-      setenv("RINGTRAIN_JOB_TOKEN", job_token.c_str(), 1);
+      if (!job_token.empty()) setenv("RINGTRAIN_JOB_TOKEN", job_token.c_str(), 1);
       std::vector<char*> args;
       for (auto& part : command) args.push_back(part.data());
       args.push_back(nullptr);
