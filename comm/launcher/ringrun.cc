@@ -20,10 +20,20 @@
 // (its exit code, or 128 + the signal number, as a shell reports it). A stop signal
 // from outside (SIGINT, SIGTERM, SIGHUP, SIGQUIT: scancel, the walltime) gives the
 // workers --signal-timeout seconds (30, SLURM's default KillWait) before SIGKILL,
-// time to write the checkpoint they write on SIGTERM. A signal ringrun was started
+// time to write the checkpoint they write on SIGTERM; then, the workers gone, ringrun
+// dies of that signal itself (see Exit status). A signal ringrun was started
 // with ignored (SIGHUP under nohup, SIGINT and SIGQUIT in a script's background job)
 // stays ignored: not forwarded, no stop. SIGCHLD is reset to the default at start-up
 // (ignored, it would have the kernel reap the workers unseen).
+//
+// Exit status: 0 when every worker exited 0. A worker failed first: its exit code, or
+// 128 + the signal that killed it or stopped it (SIGTTIN/SIGTTOU), as a shell reports
+// it. A stop signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT) came first, while workers ran:
+// after the clean-up ringrun kills itself with that signal (default disposition, no
+// core dump for SIGQUIT), as a shell's child dies of Ctrl-C; a shell shows 128 + the
+// signal (130 for SIGINT), and a script running ringrun stops on Ctrl-C instead of
+// going on with its next command (bash aborts a script only when the child it waited
+// for died of SIGINT). 2 for a usage error, 1 when ringrun cannot start the workers.
 //
 // Leftovers: ringrun is a child subreaper (PR_SET_CHILD_SUBREAPER), so whatever a
 // worker started and left behind is reparented to ringrun and reaped by it. It
@@ -60,6 +70,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -223,6 +234,10 @@ int main(int argc, char** argv) {
              "SIGTTIN or SIGTTOU anyway counts as failed).\n"
              "When the workers exit, or one fails, whatever they left running in their process groups gets "
              "SIGTERM, then SIGKILL after --stop-timeout.\n"
+             "Exit status: 0 when every worker exited 0; else the first failed worker's (its exit code, or 128 + "
+             "its signal); after a SIGINT/SIGTERM/SIGHUP/SIGQUIT from outside, forwarded while workers ran, "
+             "ringrun dies of that signal once they are gone (a shell shows 128 + the signal; a script stops on "
+             "Ctrl-C); 2 for a usage error.\n"
              "Example: ringrun --nproc-per-node 2 ./build/bench/comm_sweep --backend ring");
   CLI11_PARSE(app, argc, argv);
 
@@ -357,6 +372,7 @@ int main(int argc, char** argv) {
   bool stopping = false;   // TERM (or a stop signal) has gone to every group; SIGKILL at kill_deadline
   auto kill_deadline = Clock::time_point::max();
   bool killed = false;     // SIGKILL has gone to every group
+  int stopped_by = 0;      // the stop signal from outside that decided the exit status, if one did
   Clock::time_point killed_at;
   // Each worker leads its own process group: signal the group, so that whatever the
   // worker started (a shell's children, data-loader processes) gets it too. The group
@@ -416,7 +432,10 @@ int main(int argc, char** argv) {
         signal_groups(SIGCONT, false);  // a stopped process acts on it only once continued (as scancel does)
         if (!stopping) kill_deadline = after(signal_timeout);
         stopping = true;
-        if (exit_code == 0 && running > 0) exit_code = 128 + sig;
+        if (exit_code == 0 && running > 0) {
+          exit_code = 128 + sig;
+          stopped_by = sig;
+        }
       }
     }
     int status = 0;
@@ -486,6 +505,22 @@ int main(int argc, char** argv) {
       killed = true;
       killed_at = Clock::now();
     }
+  }
+  if (stopped_by != 0 && exit_code == 128 + stopped_by) {
+    // The job ended because of this signal: die of it, as a shell's child would, so
+    // that a calling script stops too (see Exit status at the top of the file).
+    std::cout.flush();
+    std::cerr.flush();
+    if (stopped_by == SIGQUIT) {
+      rlimit no_core{0, 0};
+      setrlimit(RLIMIT_CORE, &no_core);  // SIGQUIT's default action dumps core
+    }
+    signal(stopped_by, SIG_DFL);
+    sigset_t just_it;
+    sigemptyset(&just_it);
+    sigaddset(&just_it, stopped_by);
+    raise(stopped_by);  // pending while blocked; delivered, and fatal, on unblocking
+    sigprocmask(SIG_UNBLOCK, &just_it, nullptr);
   }
   return exit_code;
 }

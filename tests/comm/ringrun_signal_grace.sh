@@ -16,5 +16,7 @@ status=$?
 echo "ringrun exited $status"
 ls "$work"
 [ -e "$work/saved.0" ] && [ -e "$work/saved.1" ] || { echo "FAIL: a worker was killed before its save"; exit 1; }
-[ "$status" -eq 143 ] || { echo "FAIL: ringrun should exit 128 + SIGTERM"; exit 1; }
+# ringrun dies of the SIGTERM once the workers are gone; a shell shows that as 143
+# (comm.ringrun.ctrl_c_stops_calling_script checks dying against exiting 128 + sig)
+[ "$status" -eq 143 ] || { echo "FAIL: ringrun should die of SIGTERM (143)"; exit 1; }
 echo PASS
