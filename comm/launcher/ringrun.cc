@@ -42,7 +42,12 @@
 // when the workers have all exited, it sends what is left in their groups (a
 // background child, a data-loader process) SIGTERM, then SIGKILL after
 // --stop-timeout, and exits only once those groups are empty, with the status
-// above. Nothing the workers started lives on in their process groups.
+// above. Nothing the workers started lives on in their process groups. Killed
+// outright itself (kill -9, the OOM killer), ringrun cleans up nothing: its workers
+// die (PR_SET_PDEATHSIG), and a guardian process it forked at start-up (run_guardian)
+// sends SIGKILL to what is left in their process groups (a worker that is `bash
+// train.sh` and its program). A process that left its worker's group (setsid,
+// setpgid) is not followed, in either case.
 //
 // Shared memory: the comm layer names its /dev/shm segments after the process that
 // creates them (/ringtrain-<group hash>-r<rank>-p<pid>[-sym-<n>], peer_mesh.cc) and
@@ -76,9 +81,11 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -188,6 +195,58 @@ std::string unknown_option_error(const std::string& arg, const CLI::App& app) {
     }
   }
   return error + "; to pass it to the program, put -- before the program: ringrun [options] -- program " + arg;
+}
+
+// The guardian: a child of ringrun forked before the workers, so that what they
+// started does not outlive a ringrun killed outright (kill -9, the OOM killer), which
+// cleans up nothing. The workers themselves die then (PR_SET_PDEATHSIG), but not what
+// they started: a worker that is `bash train.sh` runs its program as a child. ringrun
+// tells the guardian, over a socket only the two hold, each worker's process group
+// ("+<pgid>"), each group found empty ("-<pgid>": its number may be reused), and
+// "done" when it ends having cleaned up. End of file without "done" means ringrun
+// died: the guardian sends SIGKILL to the groups that may still have members, and
+// exits. It keeps ringrun's blocked signals blocked (a Ctrl-C to ringrun's process
+// group, a scancel, does nothing to it) and holds neither stdin nor stdout.
+[[noreturn]] void run_guardian(int fd, pid_t ringrun_pid) {
+  std::vector<pid_t> groups;
+  std::string pending;
+  bool done = false;
+  char buffer[512];
+  while (true) {
+    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    pending.append(buffer, static_cast<size_t>(n));
+    for (size_t end; (end = pending.find('\n')) != std::string::npos; pending.erase(0, end + 1)) {
+      const std::string line = pending.substr(0, end);
+      if (line == "done") {
+        done = true;
+      } else if (line.size() > 1 && (line[0] == '+' || line[0] == '-')) {
+        const pid_t pgid = static_cast<pid_t>(std::atol(line.c_str() + 1));
+        if (pgid <= 1) continue;
+        if (line[0] == '+') groups.push_back(pgid);
+        else groups.erase(std::remove(groups.begin(), groups.end(), pgid), groups.end());
+      }
+    }
+  }
+  if (!done) {
+    std::string killed;
+    for (pid_t pgid : groups) {
+      if (kill(-pgid, SIGKILL) == 0) killed += " " + std::to_string(pgid);
+    }
+    if (!killed.empty()) {
+      std::fprintf(stderr, "ringrun: ringrun (pid %d) died without stopping its workers; killed what was left "
+                   "in their process groups:%s\n", static_cast<int>(ringrun_pid), killed.c_str());
+    }
+  }
+  _exit(0);
+}
+
+// Sends the guardian one line; never raises SIGPIPE (a guardian gone must not kill ringrun).
+void tell_guardian(int fd, const std::string& line) {
+  if (fd < 0) return;
+  const std::string message = line + "\n";
+  (void)::send(fd, message.data(), message.size(), MSG_NOSIGNAL);
 }
 
 }  // namespace
@@ -324,6 +383,22 @@ int main(int argc, char** argv) {
   }
 
   const pid_t ringrun_pid = getpid();
+  // The guardian (see run_guardian): forked before the workers, with the signals above
+  // blocked. Without it (no socket, no fork) the job runs all the same, unguarded.
+  int guardian_fd = -1;
+  if (int ends[2]; ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends) == 0) {
+    const pid_t guardian = fork();
+    if (guardian == 0) {
+      ::close(ends[0]);
+      dup2(devnull, STDIN_FILENO);
+      dup2(devnull, STDOUT_FILENO);
+      run_guardian(ends[1], ringrun_pid);
+    }
+    ::close(ends[1]);
+    if (guardian > 0) guardian_fd = ends[0];
+    else ::close(ends[0]);
+  }
+
   std::vector<Worker> workers(nproc_per_node);
   for (int local = 0; local < nproc_per_node; ++local) {
     const int rank = node_rank * nproc_per_node + local;
@@ -360,6 +435,7 @@ int main(int argc, char** argv) {
     }
     setpgid(pid, pid);  // also here: no race with the child's own setpgid
     workers[local] = {pid, rank, true, pid, true};
+    tell_guardian(guardian_fd, "+" + std::to_string(pid));
   }
   ::close(devnull);
 
@@ -379,8 +455,11 @@ int main(int argc, char** argv) {
   // outlives a worker that exits while its children still run, so every group that
   // still has members is signalled, whether its worker is running or not (only those:
   // a group found empty is never signalled again, its number may be reused).
-  auto group_has_members = [](Worker& w) {
-    if (w.group_live && kill(-w.pgid, 0) != 0 && errno == ESRCH) w.group_live = false;
+  auto group_has_members = [&](Worker& w) {
+    if (w.group_live && kill(-w.pgid, 0) != 0 && errno == ESRCH) {
+      w.group_live = false;
+      tell_guardian(guardian_fd, "-" + std::to_string(w.pgid));
+    }
     return w.group_live;
   };
   auto signal_groups = [&](int sig, bool running_workers_only) {
@@ -506,6 +585,7 @@ int main(int argc, char** argv) {
       killed_at = Clock::now();
     }
   }
+  tell_guardian(guardian_fd, "done");  // it exits at end of file, when ringrun does
   if (stopped_by != 0 && exit_code == 128 + stopped_by) {
     // The job ended because of this signal: die of it, as a shell's child would, so
     // that a calling script stops too (see Exit status at the top of the file).
