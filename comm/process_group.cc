@@ -392,18 +392,22 @@ void ProcessGroup::run_staged(const Collective& c, Deadline deadline) {
   try {
     run_host(host, deadline);
   } catch (...) {
-    if (may_write_after_giving_up()) {
-      // The backend may still write these after this throw: never free them under it.
-      std::lock_guard<std::mutex> lock(abandoned_mutex_);
-      abandoned_.push_back(std::move(input_host));
-      if (output_host) abandoned_.push_back(std::move(output_host));
-    }
+    keep_if_backend_may_write({&input_host, &output_host});
     throw;
   }
   if (is_in_place(c.op)) copy_host_to_device(c.input.data, host.input.data, c.input.nbytes(), device);
   if (uses_output(c.op)) {
     copy_host_to_device(c.output.data, host.output.data, c.output.nbytes(), device);
   }
+}
+
+// After the backend gave up on a collective by throwing: where it may still write its
+// buffers (MPI cannot cancel a request), they are kept, never freed under it.
+void ProcessGroup::keep_if_backend_may_write(std::initializer_list<DataPtr*> buffers) {
+  if (!may_write_after_giving_up()) return;
+  std::lock_guard<std::mutex> lock(abandoned_mutex_);
+  for (DataPtr* buffer : buffers)
+    if (*buffer) abandoned_.push_back(std::move(*buffer));
 }
 
 // A 16-bit float average is a sum of values divided first (x / p on every rank), as
@@ -437,10 +441,7 @@ void ProcessGroup::run_host(const Collective& c, Deadline deadline) {
   try {
     run(sum, deadline);
   } catch (...) {
-    if (may_write_after_giving_up()) {
-      std::lock_guard<std::mutex> lock(abandoned_mutex_);
-      abandoned_.push_back(std::move(divided));
-    }
+    keep_if_backend_may_write({&divided});
     throw;
   }
   if (c.op == CollectiveOp::kReduce && context_.rank == c.peer)

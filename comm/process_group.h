@@ -30,6 +30,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -245,6 +246,7 @@ class ProcessGroup {
   void run_staged(const Collective& collective, Deadline deadline);
   // run() on host memory, with a 16-bit average turned into a sum of divided values.
   void run_host(const Collective& collective, Deadline deadline);
+  void keep_if_backend_may_write(std::initializer_list<DataPtr*> buffers);
   void check_same_collective(const Collective& collective);
   // Turns the exception of a failed collective (or split), described by what_op, into
   // the error every later wait sees.
