@@ -2,7 +2,11 @@
 // ringrun/torchrun, srun and mpirun set, and the errors for bad ones.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <vector>
 #include <functional>
 #include <set>
 #include <string>
@@ -396,6 +400,80 @@ TEST(Reduce, SixteenBitFloatsComputeInFloat) {
   EXPECT_EQ(x[1], -3);
   EXPECT_EQ(parse_reduce_op("prod"), ReduceOp::kProd);
   EXPECT_THROW(parse_reduce_op("mean"), CommError);
+}
+
+// The reduction loops convert 16-bit floats inline (F16C for half, bit arithmetic for
+// bfloat16) instead of through Half's and BFloat16's out-of-line conversions: they must
+// agree bit for bit, on every 16-bit value and on floats across the whole range
+// (rounding ties, subnormals, overflow to inf, NaN of either sign).
+TEST(Reduce, InlineSixteenBitConversionsMatchTheDtypeOnes) {
+  auto bits_of = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    return u;
+  };
+  // NaN: a NaN of the same sign (F16C quiets a signaling NaN's payload, the software
+  // conversion keeps it; either is a NaN, and every rank runs the same code).
+  auto same_f32 = [&](float got, float want) {
+    return want != want ? got != got && std::signbit(got) == std::signbit(want) : bits_of(got) == bits_of(want);
+  };
+  auto same_16 = [](uint16_t got, uint16_t want, uint16_t exponent) {
+    const bool want_nan = (want & exponent) == exponent && (want & ~exponent & 0x7FFF) != 0;
+    if (!want_nan) return got == want;
+    return (got & exponent) == exponent && (got & ~exponent & 0x7FFF) != 0 && (got & 0x8000) == (want & 0x8000);
+  };
+  for (uint32_t v = 0; v <= 0xFFFF; ++v) {
+    Half h;
+    BFloat16 b;
+    h.bits = b.bits = static_cast<uint16_t>(v);
+    ASSERT_TRUE(same_f32(inline_conversion::sixteen_bit_to_float(h.bits, DType::kFloat16), static_cast<float>(h))) << v;
+    ASSERT_TRUE(same_f32(inline_conversion::sixteen_bit_to_float(b.bits, DType::kBFloat16), static_cast<float>(b))) << v;
+  }
+  for (uint64_t u = 0; u <= 0xFFFFFFFFull; u += 4099) {  // every sign, exponent and many mantissas
+    float f;
+    const uint32_t u32 = static_cast<uint32_t>(u);
+    std::memcpy(&f, &u32, sizeof f);
+    ASSERT_TRUE(same_16(inline_conversion::float_to_sixteen_bit(f, DType::kFloat16), Half(f).bits, 0x7C00))
+        << std::hex << u32;
+    ASSERT_TRUE(same_16(inline_conversion::float_to_sixteen_bit(f, DType::kBFloat16), BFloat16(f).bits, 0x7F80))
+        << std::hex << u32;
+  }
+  // ties to even, at both widths (1 + 2^-11 is halfway between two halves; bf16 at 2^-8)
+  for (float f : {1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, 1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 65520.0f, -0.0f}) {
+    EXPECT_EQ(inline_conversion::float_to_sixteen_bit(f, DType::kFloat16), Half(f).bits) << f;
+    EXPECT_EQ(inline_conversion::float_to_sixteen_bit(f, DType::kBFloat16), BFloat16(f).bits) << f;
+  }
+}
+
+// The vectorized f16 sum (eight at a time) and its scalar tail give what one float add
+// and one rounding per element give, for every op, in place or not.
+TEST(Reduce, SixteenBitLoopsEqualAFloatCombinePerElement) {
+  const size_t n = 1000 + 5;  // not a multiple of 8: the tail runs too
+  std::vector<Half> a(n), b(n);
+  for (size_t i = 0; i < n; ++i) {
+    a[i].bits = static_cast<uint16_t>((i * 40503u) & 0xFFFF);
+    b[i].bits = static_cast<uint16_t>((i * 9973u + 17) & 0xFFFF);
+  }
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMax, ReduceOp::kMin}) {
+    std::vector<Half> out(n), in_place = a;
+    reduce_into3(out.data(), a.data(), b.data(), n, DType::kFloat16, op);
+    reduce_into(in_place.data(), b.data(), n, DType::kFloat16, op);
+    for (size_t i = 0; i < n; ++i) {
+      const float x = static_cast<float>(a[i]), y = static_cast<float>(b[i]);
+      float r = op == ReduceOp::kSum ? x + y : op == ReduceOp::kProd ? x * y : 0.0f;
+      if (op == ReduceOp::kMax || op == ReduceOp::kMin) {
+        if (x != x || y != y) r = std::numeric_limits<float>::quiet_NaN();
+        else r = op == ReduceOp::kMax ? (x < y ? y : x) : (y < x ? y : x);
+      }
+      const uint16_t want = Half(r).bits;
+      if (r != r) {  // NaN: any NaN (the payload follows the operand order of the hardware)
+        EXPECT_TRUE(static_cast<float>(out[i]) != static_cast<float>(out[i])) << reduce_op_name(op) << " " << i;
+        continue;
+      }
+      ASSERT_EQ(out[i].bits, want) << reduce_op_name(op) << " element " << i;
+      ASSERT_EQ(in_place[i].bits, want) << reduce_op_name(op) << " in place, element " << i;
+    }
+  }
 }
 
 // Integer sums and products wrap around like MPI's and NCCL's (two's complement), defined
