@@ -7,7 +7,8 @@
 //
 // Half and BFloat16 are computed in float and rounded once per combine, like
 // NCCL's and PyTorch's CPU kernels. kAvg reduces as kSum; the collective divides
-// once at the end (scale_for_average), integers with truncating division.
+// once at the end (scale_for_average), integers with truncating division (16-bit
+// floats divide first instead: ProcessGroup::run_host, so partial sums cannot overflow).
 // The loops are plain indexed loops over restrict pointers so g++ -O3 vectorizes
 // them (they run at memory bandwidth, which is what bounds an allreduce anyway).
 // 16-bit floats convert inline (F16C, eight at a time for the f16 sum and product;
