@@ -407,8 +407,9 @@ void PeerMesh::check_members(const std::string& what) const {
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_ || !peers_[peer].socket.valid() || !peers_[peer].socket.peer_closed()) continue;
     // Its process is gone or gave up. The store's record of it says more (how, its
-    // pid and host) and comes a moment after the connection closes: give it that.
-    for (int look = 0; look < 5 && check_published_; ++look) {
+    // pid and host) and comes a moment after the connection closes: give it that
+    // (up to 2 s: the store's thread may be slow to run on a loaded machine).
+    for (int look = 0; look < 20 && check_published_; ++look) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       check_published_(what);
     }

@@ -8,16 +8,23 @@
 set -u
 ringrun=$1 port=$2
 out=$(mktemp)
-trap 'rm -f "$out"' EXIT
+marks=$(mktemp -d)
+trap 'rm -rf "$out" "$marks"' EXIT
 python3 -c '
 import os, signal, sys
 signal.signal(signal.SIGINT, signal.SIG_DFL)
 os.setsid()
 os.execv("/bin/bash", ["bash", "-c", sys.argv[1], "bash"] + sys.argv[2:])' \
-  '"$1" --nproc-per-node 2 --master-port "$2" sleep 30; echo "continued (ringrun exited $?)"' \
-  "$ringrun" "$port" > "$out" 2>&1 &
+  '"$1" --nproc-per-node 2 --master-port "$2" sh -c "touch \"$3/started.\$RANK\"; exec sleep 30"; echo "continued (ringrun exited $?)"' \
+  "$ringrun" "$port" "$marks" > "$out" 2>&1 &
 script=$!  # the session's leader: its pid is the process group's id
-sleep 1
+# Both workers running (so the SIGINT reaches ringrun with workers to stop, not a bash
+# that has not started it yet, which would die of it by itself and pass for nothing).
+for _ in $(seq 200); do
+  [ -e "$marks/started.0" ] && [ -e "$marks/started.1" ] && break
+  sleep 0.05
+done
+[ -e "$marks/started.0" ] && [ -e "$marks/started.1" ] || { cat "$out"; echo "FAIL: the workers did not start"; kill -KILL -- -$script; exit 1; }
 kill -INT -- -$script
 wait $script
 status=$?

@@ -9,9 +9,9 @@ set -u
 ringrun=$1 port=$2 work=$3
 rm -rf "$work" && mkdir -p "$work"
 nohup "$ringrun" --nproc-per-node 2 --master-port "$port" --signal-timeout 1 \
-  sh -c 'echo $$ > '"$work"'/pid.$RANK; sleep 4; touch '"$work"'/done.$RANK' > "$work/out" 2>&1 &
+  sh -c 'echo $$ > '"$work"'/pid.$RANK.tmp && mv '"$work"'/pid.$RANK.tmp '"$work"'/pid.$RANK; sleep 8; touch '"$work"'/done.$RANK' > "$work/out" 2>&1 &
 launcher=$!
-for _ in $(seq 50); do [ -f "$work/pid.0" ] && [ -f "$work/pid.1" ] && break; sleep 0.1; done
+for _ in $(seq 100); do [ -s "$work/pid.0" ] && [ -s "$work/pid.1" ] && break; sleep 0.1; done
 kill -HUP $launcher
 sleep 2.5  # past --signal-timeout: the workers would have been killed by now
 alive=0

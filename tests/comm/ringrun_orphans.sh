@@ -6,9 +6,9 @@ ringrun=$1 port=$2
 dir=$(mktemp -d)
 trap 'for f in "$dir"/pid.*; do [ -f "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null; done; rm -rf "$dir"' EXIT
 "$ringrun" --nproc-per-node 2 --master-port "$port" \
-  sh -c "echo \$\$ > $dir/pid.\$RANK; exec sleep 60" &
+  sh -c "echo \$\$ > $dir/pid.\$RANK.tmp && mv $dir/pid.\$RANK.tmp $dir/pid.\$RANK; exec sleep 60" &
 ringrun_pid=$!
-for _ in $(seq 50); do [ -f "$dir/pid.0" ] && [ -f "$dir/pid.1" ] && break; sleep 0.1; done
+for _ in $(seq 100); do [ -s "$dir/pid.0" ] && [ -s "$dir/pid.1" ] && break; sleep 0.1; done
 workers="$(cat "$dir/pid.0" "$dir/pid.1" 2>/dev/null | tr '\n' ' ')"
 echo "ringrun $ringrun_pid, workers $workers"
 kill -9 "$ringrun_pid"
