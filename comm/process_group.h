@@ -102,6 +102,12 @@ class ProcessGroup {
   // rank, as NCCL requires: a small one may hold its caller until its peers join.
   static constexpr size_t kInlineBytes = 32 << 10;
 
+  // Whether a collective of this group that failed (or was given up on) may still write
+  // the caller's buffers on `device` afterwards: MPI cannot cancel a started request,
+  // and device work a backend queued (the CUDA IPC allreduce's copies) may still run.
+  // The caller must then keep those buffers alive rather than free them.
+  bool may_write_after_failure(Device device) const { return may_write_after_giving_up() || device.is_cuda(); }
+
   virtual ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;

@@ -105,21 +105,27 @@ Reducer::~Reducer() {
   for (auto& hook : hooks_) hook.remove();
   // Never leave a collective reading or writing our buffers after they are freed. The
   // built-in hooks' collectives end within the group's timeout (they fail then); a user
-  // hook's Work might never complete, and a destructor must not wait forever: after the
-  // timeout its buffers are kept alive for the rest of the process instead. A failed
-  // Work's buffers are kept too: a backend may leave device work queued that still
-  // writes them (the CUDA IPC allreduce gives up on a timeout with its copies queued),
-  // and the group is dead anyway. `finish` is kept with them: a hook's own wire buffer
-  // (the compression hooks' half-precision copy) lives only in that closure.
+  // hook's Work might never complete, and a destructor must not wait forever: all the
+  // buckets together get one group timeout, after which a Work still running is
+  // abandoned and its buffers kept alive for the rest of the process. A failed Work's
+  // buffers are kept too where the backend may still write them (MPI cannot cancel a
+  // request; the CUDA IPC allreduce gives up on a timeout with its copies queued);
+  // elsewhere a failure means the collective has returned, and they are freed.
+  // `finish` is kept with them: a hook's own wire buffer (the compression hooks'
+  // half-precision copy) lives only in that closure.
+  const auto deadline = std::chrono::steady_clock::now() + group_->options().timeout;
   for (auto& bucket : buckets_) {
     if (!bucket.launched) continue;
     try {
-      bucket.work.wait(group_->options().timeout);
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      bucket.work.wait(std::max(left, std::chrono::milliseconds(0)));
     } catch (...) {
       // The group's error was (or will be) reported by whoever waits next.
-      keep_alive_until_exit({bucket.flat, bucket.spare}, std::move(bucket.finish));
+      const bool running = !bucket.work.is_completed();
+      if (running || group_->may_write_after_failure(bucket.flat.device()))
+        keep_alive_until_exit({bucket.flat, bucket.spare}, std::move(bucket.finish));
       // Still running after the timeout: abandon the wait, not the memory.
-      if (!bucket.work.is_completed()) {
+      if (running) {
         std::fprintf(stderr,
                      "ringtrain: DDP was destroyed while bucket %zu's collective (%s) was still running after "
                      "the group's timeout; its %zu-byte buffer is kept until the process exits so the collective "
