@@ -570,6 +570,10 @@ int main(int argc, char** argv) {
         }
       }
     }
+    // A worker that exited while others run: once its group is empty, say so (to the
+    // guardian too), so that its number, free for reuse by then, is never signalled.
+    for (auto& w : workers)
+      if (!w.running) group_has_members(w);
     const std::string left = stopping && !killed && running == 0 ? live_groups() : std::string();
     if (stopping && !killed && (running > 0 || !left.empty()) && Clock::now() >= kill_deadline) {
       if (running > 0) {
