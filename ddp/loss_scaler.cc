@@ -148,7 +148,10 @@ void LossScaler::load_state_dict(const nlohmann::json& state) {
            "LossScaler::load_state_dict: inconsistent state (growth_factor ", growth_factor,
            ", backoff_factor ", backoff_factor, ", growth_interval ", growth_interval, ", growth_tracker ",
            growth_tracker, ")");
-  scale_ = scale;
+  // A scale past float32's range (only a checkpoint written before the growth was
+  // capped has one) would make every float32 step overflow: it resumes at 2^127, the
+  // largest power of two that fits, where such a scale would have stopped growing.
+  scale_ = fits_float32(scale) ? scale : std::ldexp(1.0, 127);
   growth_tracker_ = growth_tracker;
   options_.growth_factor = growth_factor;
   options_.backoff_factor = backoff_factor;

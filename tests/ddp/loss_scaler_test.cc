@@ -250,6 +250,13 @@ TEST(LossScalerTest, AnInitScaleOutsideFloat32RangeIsRefused) {
   expect_error([] { LossScaler({.init_scale = std::nan("")}); }, {"LossScaler", "init_scale"});
   LossScaler largest({.init_scale = std::numeric_limits<float>::max()});  // the bound itself is fine
   EXPECT_EQ(largest.get_scale(), std::numeric_limits<float>::max());
+  // A checkpoint written before the growth was capped may hold a larger scale: it
+  // resumes at 2^127 (where the capped growth stops), not past float32's range.
+  nlohmann::json old_state = largest.state_dict();
+  old_state["scale"] = std::ldexp(1.0, 130);
+  LossScaler resumed;
+  resumed.load_state_dict(old_state);
+  EXPECT_EQ(resumed.get_scale(), std::ldexp(1.0, 127));
 }
 
 }  // namespace
