@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <exception>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
@@ -25,6 +26,8 @@ LaunchInfo g_launch;
 // destroyed and made again in the same process (PyTorch's destroy_process_group +
 // init_process_group). A failed attempt does not count, so ranks that retry together agree.
 int g_init_generation = 0;
+// file://: per rendezvous path, the nonce of the record this process last joined through.
+std::map<std::string, std::string> g_file_nonce_used;
 
 // ---- publishing uncaught exceptions: the std::terminate handler
 std::weak_ptr<Store> g_store;
@@ -89,9 +92,11 @@ void apply_environment(ProcessGroupOptions& options, const EnvMap& env) {
 // file://path: rank 0 writes its store address into the file (atomically, via a
 // rename); the others read it. A stale file from an earlier run is harmless: its
 // address refuses or rejects us, and we read the file again. A group made again in the
-// same process (generation N > 0) takes only a record of its own generation: the
-// previous one's file may still be there, pointing at rank 0's old store, which is
-// still up while it waits for every rank to check out.
+// same process must not take the record it used before: the previous group's file may
+// still be there, pointing at rank 0's old store, which is still up while it waits for
+// every rank to check out. Each record carries a fresh nonce, and a rank skips the one
+// it last used for this path (a count of groups made would do only if every rank had
+// made the same number, by every method).
 std::shared_ptr<Store> file_rendezvous(LaunchInfo& info, std::shared_ptr<StoreServer>* server,
                                        std::chrono::milliseconds timeout) {
   Deadline deadline = Clock::now() + timeout;
@@ -100,7 +105,7 @@ std::shared_ptr<Store> file_rendezvous(LaunchInfo& info, std::shared_ptr<StoreSe
     std::remove(info.file_path.c_str());
     *server = std::make_shared<StoreServer>("", 0, info.token, "");
     json record{{"addr", local_hostname()}, {"port", (*server)->port()}, {"token", info.token},
-                {"world_size", info.world_size}, {"generation", g_init_generation}};
+                {"world_size", info.world_size}, {"nonce", random_job_token()}};
     std::string tmp = info.file_path + ".tmp." + std::to_string(getpid());
     {
       std::ofstream out(tmp);
@@ -121,17 +126,18 @@ std::shared_ptr<Store> file_rendezvous(LaunchInfo& info, std::shared_ptr<StoreSe
     if (in) {
       try {
         json record = json::parse(in);
-        if (record.value("generation", 0) != g_init_generation) {
-          last_error = detail::concat("it holds the address of group generation ", record.value("generation", 0),
-                                      ", this is generation ", g_init_generation);
+        const std::string nonce = record.value("nonce", std::string());
+        if (!nonce.empty() && g_file_nonce_used[info.file_path] == nonce) {
+          last_error = "it still holds the address of the group this process made before";
           std::this_thread::sleep_for(std::chrono::milliseconds(100));
           continue;
         }
         info.token = record.at("token").get<std::string>();
         info.master_addr = record.at("addr").get<std::string>();
         info.master_port = record.at("port").get<int>();
-        return std::make_shared<Store>(info.master_addr, info.master_port, info.token,
-                                       std::chrono::seconds(2));
+        auto store = std::make_shared<Store>(info.master_addr, info.master_port, info.token, std::chrono::seconds(2));
+        g_file_nonce_used[info.file_path] = nonce;
+        return store;
       } catch (const std::exception& e) {
         last_error = e.what();
       }
