@@ -31,6 +31,17 @@ if(TARGET mlp_step)
                                  FORBID "median ms/step"
                                  COMMAND $<TARGET_FILE:mlp_step> ${mlp_small}
                                          --json ${CMAKE_CURRENT_BINARY_DIR}/no-such-dir/x.json)
+    # A PyTorch side that ends without answering (no torch in that python, a wrong
+    # --python) is an error naming how it ended; it used to kill mlp_step with SIGPIPE
+    # (exit 141) and no message of its own.
+    ringtrain_bench_expect_error(bench.mlp_step.torch_side_exits
+                                 EXPECT "mlp_step: the PyTorch side \\(/bin/false .*\\) ended without an answer: it exited with status 1 .*--no-torch"
+                                 COMMAND $<TARGET_FILE:mlp_step> --in-features 8 --width 8 --hidden 1 --batch 4
+                                         --warmup 1 --rounds 1 --steps 1 --check-steps 1 --python /bin/false)
+    ringtrain_bench_expect_error(bench.mlp_step.torch_side_not_found
+                                 EXPECT "cannot exec /no/such/python.*mlp_step: the PyTorch side .* it exited with status 127 \\(could not start it\\)"
+                                 COMMAND $<TARGET_FILE:mlp_step> --in-features 8 --width 8 --hidden 1 --batch 4
+                                         --warmup 1 --rounds 1 --steps 1 --check-steps 1 --python /no/such/python)
   endif()
   execute_process(COMMAND /usr/bin/python3 -c "import torch" RESULT_VARIABLE ringtrain_no_torch
                   OUTPUT_QUIET ERROR_QUIET)

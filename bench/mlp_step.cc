@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -172,10 +173,13 @@ class ReferenceMlp {
 // ---------------------------------------------------------------- the PyTorch child process
 
 // The python script, running in --serve mode, with a pipe each way. RAII: the
-// destructor says quit, closes the pipes and reaps the child.
+// destructor says quit, closes the pipes and reaps the child. A child that ended
+// early (no torch in that python, a wrong --python) is an error naming its exit
+// status, not a silent SIGPIPE of ours: main() ignores SIGPIPE, so a write to the
+// dead child fails with EPIPE and the missing answer is what reports it.
 class TorchProcess {
  public:
-  TorchProcess(const std::vector<std::string>& argv) {
+  explicit TorchProcess(const std::vector<std::string>& argv) : command_(argv.at(0) + " " + argv.at(1)) {
     int to_child[2], from_child[2];
     if (pipe(to_child) != 0 || pipe(from_child) != 0) throw std::runtime_error("pipe() failed");
     pid_ = fork();
@@ -214,8 +218,30 @@ class TorchProcess {
     std::string line;
     int c;
     while ((c = std::fgetc(in_)) != EOF && c != '\n') line.push_back(static_cast<char>(c));
-    if (line.empty()) throw std::runtime_error("the PyTorch script ended without an answer (see its stderr above)");
+    if (line.empty()) {
+      throw std::runtime_error("the PyTorch side (" + command_ + ") ended without an answer: " + reap() +
+                               " (its stderr is above); it needs a python with torch (Debian: apt-get install "
+                               "python3-torch; --python names another), or run with --no-torch for ours alone");
+    }
     return json::parse(line);
+  }
+  // After its stdout closed: closes its stdin (the script stops reading there), waits
+  // for the child and says how it ended.
+  std::string reap() {
+    if (out_) {
+      std::fclose(out_);  // may fail with EPIPE: the child is gone, which is the point
+      out_ = nullptr;
+    }
+    int status = 0;
+    const pid_t pid = pid_;
+    pid_ = -1;
+    if (pid <= 0 || waitpid(pid, &status, 0) != pid) return "its exit status is unknown";
+    if (WIFEXITED(status)) {
+      return "it exited with status " + std::to_string(WEXITSTATUS(status)) +
+             (WEXITSTATUS(status) == 127 ? " (could not start it)" : "");
+    }
+    if (WIFSIGNALED(status)) return "it was killed by signal " + std::to_string(WTERMSIG(status));
+    return "it stopped";
   }
   json phases(int steps) {
     std::fprintf(out_, "phases %d\n", steps);
@@ -231,6 +257,7 @@ class TorchProcess {
   }
 
  private:
+  std::string command_;  // python and script, for messages
   pid_t pid_ = -1;
   FILE* out_ = nullptr;
   FILE* in_ = nullptr;
@@ -282,6 +309,9 @@ int main(int argc, char** argv) {
   app.add_option("--torch-script", script, "the PyTorch side")->capture_default_str();
   app.add_option("--json", json_out, "also write the results here as JSON (checked before the run)");
   CLI11_PARSE(app, argc, argv);
+  // A write to a PyTorch child that has died fails (EPIPE) instead of killing us
+  // silently; TorchProcess then says how the child ended.
+  std::signal(SIGPIPE, SIG_IGN);
 
   try {
     if (!json_out.empty()) {
