@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -37,6 +39,9 @@ class FileDescriptor {
  private:
   int fd_;
 };
+
+// What syncs the directory after the rename: ::fsync, or a test's stand-in.
+std::atomic<DirectoryFsync> directory_fsync{&::fsync};
 
 void write_all(int fd, const char* data, size_t n, const std::string& path) {
   while (n > 0) {
@@ -74,9 +79,29 @@ void write_file_atomically(const std::string& path, const std::string& bytes) {
     ::unlink(temp.c_str());
     RT_CHECK(false, "write_file_atomically: rename ", temp, " -> ", path, " failed: ", std::strerror(err));
   }
-  // Make the rename itself durable.
+  // Make the rename itself durable: until the directory is synced, a crash or power
+  // loss may bring back the previous file (or none). A failure here is reported, not
+  // swallowed: the caller would otherwise count on a file that may not be there after a
+  // crash (a checkpoint taken before a requeue, say). The new file is in place by now,
+  // so the message says that too. EINVAL / ENOTSUP are file systems that cannot sync a
+  // directory at all (some FUSE and network ones): there is nothing more to do there.
+  const auto not_durable = [&](const char* step, int err) {
+    return Error(detail::concat("write_file_atomically: ", path, " was written and renamed into place, but ",
+                                step, " of its directory ", dir.string(), " failed: ", std::strerror(err),
+                                "; the rename is not durable (after a crash or power loss the previous file, or "
+                                "none, may be found there). Check the file system (dmesg, free space, "
+                                "permissions to read the directory) and save again"));
+  };
   FileDescriptor dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dir_fd.get() >= 0) ::fsync(dir_fd.get());
+  if (dir_fd.get() < 0) throw not_durable("opening", errno);
+  if (directory_fsync.load()(dir_fd.get()) != 0) {
+    const int err = errno;
+    if (err != EINVAL && err != ENOTSUP && err != EOPNOTSUPP) throw not_durable("fsync", err);
+  }
+}
+
+DirectoryFsync set_directory_fsync_for_testing(DirectoryFsync fsync_fn) {
+  return directory_fsync.exchange(fsync_fn != nullptr ? fsync_fn : &::fsync);
 }
 
 const char* safetensors_dtype_code(DType dtype) {

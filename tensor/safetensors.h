@@ -45,7 +45,16 @@ const char* safetensors_dtype_code(DType dtype);
 DType dtype_from_safetensors_code(const std::string& code);
 
 // Writes `bytes` to `path` atomically (temp file + fsync + rename + directory fsync).
-// Used for safetensors and for the JSON sidecars of checkpoints.
+// Used for safetensors and for the JSON sidecars of checkpoints. Throws ringtrain::Error
+// when any step fails; when only the directory fsync fails (the rename is done but not
+// durable), the message says the new file is in place but may not survive a crash.
+// A file system that cannot sync directories at all (fsync gives EINVAL or ENOTSUP) is
+// accepted silently: nothing more can be done there.
 void write_file_atomically(const std::string& path, const std::string& bytes);
+
+// For tests: the function write_file_atomically calls to fsync the directory after the
+// rename (::fsync by default; nullptr puts ::fsync back). Returns the previous one.
+using DirectoryFsync = int (*)(int fd);
+DirectoryFsync set_directory_fsync_for_testing(DirectoryFsync fsync_fn);
 
 }  // namespace ringtrain

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <typeinfo>
@@ -248,6 +250,58 @@ TEST_F(SafetensorsTest, SaveReplacesAtomicallyAndLeavesNoTemporaryFiles) {
   }
   EXPECT_EQ(files, 1);
   EXPECT_THROW(save_safetensors(path("d.safetensors"), {{"w", ones({1})}, {"w", ones({1})}}), Error);
+}
+
+// A directory fsync that fails with `errno_value`, and counts its calls.
+int g_directory_fsyncs = 0;
+int g_directory_fsync_errno = 0;
+int failing_directory_fsync(int) {
+  ++g_directory_fsyncs;
+  errno = g_directory_fsync_errno;
+  return -1;
+}
+
+// Puts ::fsync back however the test ends.
+struct DirectoryFsyncStandIn {
+  explicit DirectoryFsyncStandIn(int errno_value) {
+    g_directory_fsyncs = 0;
+    g_directory_fsync_errno = errno_value;
+    set_directory_fsync_for_testing(&failing_directory_fsync);
+  }
+  ~DirectoryFsyncStandIn() { set_directory_fsync_for_testing(nullptr); }
+};
+
+// The rename is durable only once the directory is synced: a failed directory fsync
+// (EIO from a failing disk) is reported, naming the file (which is in place) and the
+// directory, not swallowed as if the save were safe.
+TEST_F(SafetensorsTest, AFailedDirectoryFsyncIsReportedNotIgnored) {
+  {
+    DirectoryFsyncStandIn stand_in(EIO);
+    try {
+      save_safetensors(path("m.safetensors"), {{"w", ones({4})}});
+      ADD_FAILURE() << "a failed directory fsync was not reported";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("m.safetensors was written and renamed into place"), std::string::npos) << what;
+      EXPECT_NE(what.find("fsync of its directory " + dir_.string()), std::string::npos) << what;
+      EXPECT_NE(what.find(std::strerror(EIO)), std::string::npos) << what;
+      EXPECT_NE(what.find("not durable"), std::string::npos) << what;
+    }
+    EXPECT_EQ(g_directory_fsyncs, 1);
+    // The bytes are there (only their durability is in doubt), and no temporary is left.
+    EXPECT_EQ(load_safetensors(path("m.safetensors")).at("w").to_vector<float>(),
+              (std::vector<float>{1, 1, 1, 1}));
+    EXPECT_FALSE(fs::exists(dir_ / (".m.safetensors.tmp." + std::to_string(::getpid()))));
+  }
+  // A file system that cannot sync directories at all (EINVAL): nothing more to do, no error.
+  {
+    DirectoryFsyncStandIn stand_in(EINVAL);
+    EXPECT_NO_THROW(write_file_atomically(path("a.json"), "{}"));
+    EXPECT_EQ(g_directory_fsyncs, 1);
+  }
+  // And the real ::fsync is back.
+  EXPECT_NO_THROW(write_file_atomically(path("b.json"), "{}"));
+  EXPECT_EQ(g_directory_fsyncs, 1);
 }
 
 }  // namespace
