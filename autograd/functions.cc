@@ -6,8 +6,10 @@
 // Conventions: `c.needs(i)` skips the work for inputs that need no gradient;
 // `c.saved(i)` reads a saved tensor (checked for in-place modification since the
 // forward); intermediates only the rule needs (masks, indices) are captured by the
-// lambda directly, since no user code can touch them. The norms' xhat is saved instead:
-// without weight and bias it is the output itself, which user code can modify in place.
+// lambda directly, since no user code can touch them. Tensors the caller passed in (an
+// embedding's indices, where's condition) are saved, never captured: the caller may write
+// to them before backward. The norms' xhat is saved too: without weight and bias it is the
+// output itself, which user code can modify in place.
 // Gradients of broadcasting ops are summed back to each input's shape (unbroadcast).
 // Everything inside a rule uses the plain tensor ops (grad mode is off in backward).
 #include "autograd/functions.h"
@@ -835,13 +837,15 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
 }
 
 // index_select: rows of a at index (1-D) along dim  ->  zeros with g added at those rows
+// The index is the caller's tensor, so it is saved through the version check (not captured):
+// an in-place write to it after the forward would otherwise send the gradient to other rows.
 Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
   RT_CHECK(index.dim() == 1, "ag::index_select: index must be 1-D, got ", index.describe());
   int64_t d = wrap_dim(dim, a.dim(), "index_select");
-  return record("index_select", {a}, rt::index_select(a, d, index), {},
-                [d, index, shape = a.shape()](const Tensor& g, Ctx&) -> Grads {
+  return record("index_select", {a}, rt::index_select(a, d, index), {index},
+                [d, shape = a.shape()](const Tensor& g, Ctx& c) -> Grads {
                   Tensor ga = rt::zeros(shape, g.dtype(), g.device());
-                  rt::index_add_(ga, d, index, g);
+                  rt::index_add_(ga, d, c.saved(0), g);
                   return {ga};
                 });
 }
@@ -858,10 +862,12 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   Shape out_shape = indices.shape();
   out_shape.push_back(weight.size(1));
   Tensor y = rt::index_select(weight, 0, flat).view(out_shape);
-  return record("embedding", {weight}, y, {},
-                [flat, shape = weight.shape()](const Tensor& g, Ctx&) -> Grads {
+  // flat is a view of the caller's indices (when contiguous): saved, not captured, so that an
+  // in-place write to the indices before backward throws instead of moving the gradient.
+  return record("embedding", {weight}, y, {flat},
+                [shape = weight.shape()](const Tensor& g, Ctx& c) -> Grads {
                   Tensor gw = rt::zeros(shape, g.dtype(), g.device());
-                  rt::index_add_(gw, 0, flat, g.reshape({-1, shape[1]}));
+                  rt::index_add_(gw, 0, c.saved(0), g.reshape({-1, shape[1]}));
                   return {gw};
                 });
 }

@@ -436,6 +436,27 @@ TEST(Engine, InPlaceWritesThroughAnotherViewOfASavedTensorAreCaught) {
   EXPECT_NEAR(values(grad(z))[0], std::exp(2.0f), 1e-5);
 }
 
+// The indices of embedding and index_select are the caller's tensor. They used to be
+// captured by the backward rule without a version check, so writing to them between the
+// forward and the backward silently moved the gradient to other rows (all of it to row 3
+// here). Now the backward names the op instead.
+TEST(Engine, InPlaceWriteToEmbeddingOrIndexSelectIndicesIsCaught) {
+  for (bool embedding : {true, false}) {
+    SCOPED_TRACE(embedding ? "embedding" : "index_select");
+    Tensor w = param({1, 2, 3, 4, 5, 6, 7, 8}, {4, 2});
+    Tensor idx = Tensor::from_vector<int64_t>({0, 1}, {2});
+    Tensor y = embedding ? ag::embedding(w, idx) : ag::index_select(w, 0, idx);
+    fill_(idx, 3.0);
+    expect_error([&] { backward(ag::sum(y)); },
+                 {embedding ? "embedding" : "index_select", "modified by an in-place operation"});
+  }
+  // Untouched indices still route the gradient to their rows.
+  Tensor w = param({1, 2, 3, 4, 5, 6, 7, 8}, {4, 2});
+  Tensor idx = Tensor::from_vector<int64_t>({0, 2, 0}, {3});
+  backward(ag::sum(ag::embedding(w, idx.view({3, 1}))));
+  EXPECT_EQ(values(grad(w)), (std::vector<float>{2, 2, 0, 0, 1, 1, 0, 0}));
+}
+
 // Without weight and bias, BatchNorm's and LayerNorm's output is the xhat their backward
 // reads. An in-place write to that output (y.mul_(2)) used to change the gradient silently;
 // xhat is now saved through the version check, so the backward names the op instead.
