@@ -138,8 +138,8 @@ std::string ProcessGroup::describe(const Collective& c) const {
 std::string ProcessGroup::describe_collective(const Collective& c, const char* backend, int rank,
                                               int size) {
   if (c.split_index >= 0) {
-    return detail::concat("split #", c.split_index, " (collective #", c.seq, " in debug mode) on ", backend,
-                          " group rank ", rank, "/", size);
+    return detail::concat("split #", c.split_index, " (collective #", c.seq, ") on ", backend, " group rank ",
+                          rank, "/", size);
   }
   std::string text = detail::concat(collective_op_name(c.op), " #", c.seq, " (");
   if (c.op != CollectiveOp::kBarrier) {
@@ -748,13 +748,18 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) {
     if (failed_) std::rethrow_exception(failure_);
   }
   const uint64_t split_index = split_count_++;
-  if (context_.options.debug_collectives) {
-    // A split is a collective over this group: in debug mode it takes its place in the
-    // sequence, after what this rank issued before it, and is compared like the rest
-    // (its color and key may differ by rank). A rank that splits where another
-    // allreduces is then named at once, not found out by two timeouts.
-    enqueue({.op = CollectiveOp::kBarrier, .split_index = static_cast<int64_t>(split_index)}, Launch::kBlocking);
-  }
+  // A split is a collective over this group: it takes its place in the group's
+  // sequence, as a blocking collective would, and starts only once everything this
+  // rank issued before it has run. The backend's own split can then never overtake
+  // an earlier collective: MPI_Comm_split (and ncclCommSplit) is a collective over
+  // the parent communicator, and MPI requires every rank to issue the collectives of
+  // a communicator in one order. Without this a rank whose comm thread had not yet
+  // issued its queued MPI_Iallreduce split first, while its peer had issued it, and
+  // Open MPI crashed (SubGroups.SplitWhileAsyncCollectivesAreInFlight). In debug mode
+  // the marker is also compared like the rest (its color and key may differ by
+  // rank): a rank that splits where another allreduces is named at once, not found
+  // out by two timeouts. Outside debug mode it only waits its turn.
+  enqueue({.op = CollectiveOp::kBarrier, .split_index = static_cast<int64_t>(split_index)}, Launch::kBlocking);
   const std::string base = detail::concat(context_.prefix, "/split", split_index);
   context_.store->set(base + "/" + std::to_string(context_.rank), json{color, key}.dump());
   struct Member {

@@ -148,6 +148,8 @@ class ProcessGroup {
 
   // Collective over this group: ranks passing the same color form a new group,
   // ordered by (key, old rank). color < 0: this rank joins no group (nullptr).
+  // Like a blocking collective, it first waits for the collectives this rank issued
+  // on the group before it (the backend's split is itself a collective of the group).
   std::shared_ptr<ProcessGroup> split(int color, int key);
 
   // Collective (every rank calls it, with the same size): memory every rank of the
@@ -179,9 +181,9 @@ class ProcessGroup {
     // (what debug mode compares), or, for send/recv, among this rank's point-to-point
     // operations: those involve two ranks only, so they cannot share the numbering.
     uint64_t seq = 0;
-    // Debug mode only: >= 0 marks split #split_index's place in the sequence. It is
-    // checked like a collective (so a rank that splits while another allreduces is
-    // named) and then completes without running.
+    // >= 0 marks split #split_index's place in the sequence: it completes without
+    // running, once everything queued before it has run. In debug mode it is checked
+    // like a collective (so a rank that splits while another allreduces is named).
     int64_t split_index = -1;
     // CUDA buffers: a cuda::Event recorded on the caller's stream after the work that
     // produces the input. A backend's own stream waits for it on the device

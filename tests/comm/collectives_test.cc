@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -630,6 +631,37 @@ TEST(Launch, BlockingBehindQueuedWorkKeepsOrder) {
   for (size_t b = 0; b < buffers.size(); ++b) {
     EXPECT_TRUE(works[b].is_completed()) << "async allreduce " << b << " queued before the blocking one";
     EXPECT_EQ(buffers[b].back(), static_cast<double>(n * b + n * (n - 1) / 2));
+  }
+}
+
+// A split issued while async collectives of this rank are still queued or in
+// flight: the split is a collective over the parent too, and the ranks reach it at
+// different points of their queues (rank 0 splits at once, the others after their
+// collectives were issued). Every collective must still pair with its own kind on
+// the other ranks, before and after the split.
+TEST(SubGroups, SplitWhileAsyncCollectivesAreInFlight) {
+  const int n = g_pg->size();
+  const int r = g_pg->rank();
+  for (int round = 0; round < 3; ++round) {
+    std::vector<std::vector<float>> buffers(6, std::vector<float>(1 << 16));
+    std::vector<Work> works;
+    for (size_t b = 0; b < buffers.size(); ++b) {
+      std::fill(buffers[b].begin(), buffers[b].end(), static_cast<float>(b + r));
+      works.push_back(g_pg->allreduce({buffers[b].data(), buffers[b].size(), DType::kFloat32}));
+    }
+    if (r != 0) std::this_thread::sleep_for(std::chrono::milliseconds(20 * round));
+    auto sub = g_pg->split(r % 2, r);
+    ASSERT_NE(sub, nullptr);
+    int64_t mine = r;
+    sub->allreduce({&mine, 1, DType::kInt64}).wait();
+    int64_t want = 0;
+    for (int q = r % 2; q < n; q += 2) want += q;
+    EXPECT_EQ(mine, want) << "round " << round;
+    for (size_t b = 0; b < buffers.size(); ++b) {
+      works[b].wait();
+      EXPECT_EQ(buffers[b].front(), static_cast<float>(n * b + n * (n - 1) / 2)) << "round " << round << ", buffer " << b;
+      EXPECT_EQ(buffers[b].back(), static_cast<float>(n * b + n * (n - 1) / 2)) << "round " << round << ", buffer " << b;
+    }
   }
 }
 
