@@ -240,7 +240,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
                      double label_smoothing = 0.0);
 
 // ---------------------------------------------------------------- indexing, joining
-// Out-of-range indices: the CPU kernels throw naming the index; the CUDA kernels cannot
+// Out-of-range indices: the CPU kernels throw naming the index (index_add_ checks them all
+// before it writes, so a throw leaves the destination unchanged); the CUDA kernels cannot
 // throw, so gather and index_select read 0 there and index_add_ skips it. Validate indices
 // that come from data with check_index_range (cross_entropy and one_hot do).
 // out[i][j] = a[i][index[i][j]] along `dim` (index int64, same rank as a).

@@ -271,6 +271,13 @@ void index_add(const Tensor& a, int64_t dim, const Tensor& index_arg, const Tens
   }
   if (src.numel() == 0) return;
   const int64_t size = a.size(dim), dstride = a.stride(dim);
+  // Every index is checked before the first write, as index_select does: throwing from
+  // inside the loop left the destination (a gradient, a user's accumulator) half-updated.
+  const int64_t* ix0 = index.data<int64_t>();
+  for (int64_t i = 0; i < index.numel(); ++i) {
+    const int64_t k = ix0[i * index.stride(0)];
+    if (k < 0 || k >= size) bad_index("index_add", k, size, dim, a);
+  }
   Shape a_strides = a.strides();
   a_strides[static_cast<size_t>(dim)] = 0;
   Shape i_strides(static_cast<size_t>(a.dim()), 0);
@@ -286,8 +293,7 @@ void index_add(const Tensor& a, int64_t dim, const Tensor& index_arg, const Tens
                const int64_t* ix = reinterpret_cast<const int64_t*>(p[2]);
                const int64_t ys = s[0] / es, xs = s[1] / es, is = s[2] / 8;
                for (int64_t i = 0; i < n; ++i) {
-                 const int64_t k = ix[i * is];
-                 if (k < 0 || k >= size) bad_index("index_add", k, size, dim, a);
+                 const int64_t k = ix[i * is];  // in range: checked above
                  T& dst = y[i * ys + k * dstride];
                  if constexpr (std::is_integral_v<T>) dst = wrapping_add(dst, x[i * xs]);
                  else dst = detail::store<T>(detail::load(dst) + detail::load(x[i * xs]));

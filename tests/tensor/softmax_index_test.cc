@@ -170,6 +170,13 @@ TEST(IndexAdd, AccumulatesDuplicates) {
   Tensor a = zeros({3, 2});
   EXPECT_TRUE(throws_with([&] { index_add_(a, 0, Tensor::from_vector<int64_t>({3}, {1}), ones({1, 2})); },
                           {"index_add", "index 3", "size 3"}));
+  // A bad index after good ones: the destination is left as it was (the kernel used to add
+  // the rows before the bad one, then throw, leaving a half-updated tensor behind).
+  EXPECT_TRUE(throws_with([&] { index_add_(a, 0, Tensor::from_vector<int64_t>({0, 1, 7}, {3}), ones({3, 2})); },
+                          {"index_add", "index 7", "size 3"}));
+  EXPECT_TRUE(throws_with([&] { index_add_(a, 1, Tensor::from_vector<int64_t>({1, -1}, {2}), ones({3, 2})); },
+                          {"index_add", "index -1", "size 2"}));
+  EXPECT_EQ(a.to_vector<float>(), std::vector<float>(6, 0.0f));
 }
 
 TEST(OneHot, MatchesReference) {
