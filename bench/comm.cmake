@@ -50,6 +50,16 @@ if(RINGTRAIN_BUILD_TESTS)
   ringtrain_bench_expect_error(bench.core_to_core.slot_bytes_not_multiple_of_64
                                EXPECT "--slot-bytes: 100 bytes is not a multiple of 64"
                                COMMAND $<TARGET_FILE:core_to_core> --slot-bytes 100)
+  # The CPUs it may run on are the affinity mask's, not the CPUs online: in a container
+  # limited to one CPU of two (a cgroup cpuset) it used to die in std::terminate ("cannot
+  # pin a thread to CPU 1", SIGABRT). taskset narrows the mask the same way; one CPU in
+  # it is a skip (exit 77), said as such.
+  find_program(RINGTRAIN_TASKSET taskset)
+  if(RINGTRAIN_TASKSET)
+    ringtrain_bench_expect_error(bench.core_to_core.one_cpu_in_affinity_mask_skips
+                                 EXPECT "SKIP: core_to_core needs two CPUs this process may run on. its affinity mask is [{]0[}]"
+                                 COMMAND ${RINGTRAIN_TASKSET} -c 0 $<TARGET_FILE:core_to_core> --message 4K --reps 2)
+  endif()
   ringtrain_bench_expect_error(bench.core_to_core.ring_too_large
                                EXPECT "core_to_core: --message 64 \\(twice\\) with --slots 1024 x --slot-bytes 1G needs at least"
                                COMMAND $<TARGET_FILE:core_to_core> --message 64 --slot-bytes 1G --slots 1024 --reps 1)

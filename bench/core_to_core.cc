@@ -18,8 +18,13 @@
 // and the line latency quadrupling (55 -> 200 ns) at exactly those times
 // (docs/collective-benchmark.md): the vCPUs' placement on the host, not our code.
 //
-//   build/bench/core_to_core                 # CPUs 0 and 1
+//   build/bench/core_to_core                 # the first two CPUs this process may run on
 //   build/bench/core_to_core --cpus 2,5 --message 4M --reps 100
+//
+// "May run on" is the process's affinity mask (sched_getaffinity), which a cgroup cpuset
+// (a container's --cpuset-cpus, a SLURM allocation) or taskset narrows; the number of
+// CPUs online says nothing about it. With fewer than two CPUs in the mask the probe skips
+// (exit 77); --cpus outside it is an error naming the CPUs it holds.
 #include <pthread.h>
 #include <sched.h>
 
@@ -49,6 +54,23 @@ struct alignas(64) Flag {
   std::atomic<uint64_t> value{0};
 };
 
+// The CPUs this process may run on, in increasing order (empty if the system does not say).
+std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  return cpus;
+}
+
+std::string join_cpus(const std::vector<int>& cpus) {
+  std::string text;
+  for (int cpu : cpus) text += (text.empty() ? "" : ",") + std::to_string(cpu);
+  return text;
+}
+
 void pin_to(int cpu) {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -65,19 +87,58 @@ inline void spin_pause() {
 #endif
 }
 
+// A helper thread pinned to `cpu` before it runs `body`. The caller is pinned first
+// and waits for the helper's pin: a failure on either side is an exception on the
+// calling thread with the helper joined (never std::terminate, never a partner
+// spinning for a peer that is not coming).
+class PinnedThread {
+ public:
+  template <typename Body>
+  PinnedThread(int caller_cpu, int cpu, Body body) {
+    pin_to(caller_cpu);
+    thread_ = std::thread([this, cpu, body]() mutable {
+      try {
+        pin_to(cpu);
+      } catch (const std::exception& e) {
+        error_ = e.what();
+        state_.store(kFailed, std::memory_order_release);
+        return;
+      }
+      state_.store(kPinned, std::memory_order_release);
+      body();
+    });
+    int state;
+    while ((state = state_.load(std::memory_order_acquire)) == kStarting) spin_pause();
+    if (state == kFailed) {
+      thread_.join();
+      throw std::runtime_error(error_);
+    }
+  }
+  ~PinnedThread() {
+    if (thread_.joinable()) thread_.join();
+  }
+  PinnedThread(const PinnedThread&) = delete;
+  PinnedThread& operator=(const PinnedThread&) = delete;
+  void join() { thread_.join(); }
+
+ private:
+  enum { kStarting, kPinned, kFailed };
+  std::atomic<int> state_{kStarting};
+  std::string error_;  // written before state_ says kFailed
+  std::thread thread_;
+};
+
 using ringtrain::bench::median;
 
 // Half the round-trip time of one cache line between the two CPUs, in nanoseconds.
 double line_latency_ns(int cpu_a, int cpu_b, int trips) {
   Flag ping, pong;
-  std::thread other([&] {
-    pin_to(cpu_b);
+  PinnedThread other(cpu_a, cpu_b, [&] {
     for (uint64_t i = 1; i <= static_cast<uint64_t>(trips); ++i) {
       while (ping.value.load(std::memory_order_acquire) != i) spin_pause();
       pong.value.store(i, std::memory_order_release);
     }
   });
-  pin_to(cpu_a);
   auto start = Clock::now();
   for (uint64_t i = 1; i <= static_cast<uint64_t>(trips); ++i) {
     ping.value.store(i, std::memory_order_release);
@@ -108,8 +169,7 @@ StreamResult stream(int cpu_a, int cpu_b, size_t message, size_t slot_bytes, siz
   Flag head, tail, round;  // slots published, slots consumed; the round being checked
   std::atomic<int> wrong{0};
   const size_t pieces = (message + slot_bytes - 1) / slot_bytes;
-  std::thread consumer([&] {
-    pin_to(cpu_b);
+  PinnedThread consumer(cpu_a, cpu_b, [&] {
     uint64_t k = 0;
     for (int r = 0; r < reps; ++r) {
       for (size_t piece = 0; piece < pieces; ++piece, ++k) {
@@ -128,7 +188,6 @@ StreamResult stream(int cpu_a, int cpu_b, size_t message, size_t slot_bytes, siz
       round.value.store(static_cast<uint64_t>(r) + 1, std::memory_order_release);
     }
   });
-  pin_to(cpu_a);
   std::vector<double> times;
   uint64_t k = 0;
   for (int r = 0; r < reps; ++r) {
@@ -169,11 +228,14 @@ double memcpy_gbps(int cpu) {
 int main(int argc, char** argv) {
   CLI::App app{"core_to_core: cache-line latency and slot-stream bandwidth between two CPUs, beside memcpy"};
   using ringtrain::comm::ShmLayout;
-  std::vector<int> cpus = {0, 1};
+  std::vector<int> cpus;  // empty: the first two CPUs this process may run on
   uint64_t message = uint64_t{1} << 20, slot_bytes = uint64_t{128} << 10;
   size_t slots = 8;
   int reps = 200;
-  app.add_option("--cpus", cpus, "the two CPUs (producer, consumer)")->delimiter(',')->expected(2)->capture_default_str();
+  app.add_option("--cpus", cpus, "the two CPUs (producer, consumer); default: the first two this process may run on "
+                 "(its affinity mask)")
+      ->delimiter(',')
+      ->expected(2);
   ringtrain::bench::add_byte_size_option(app, "--message", message, "bytes per message", 1);
   // The transport's own bounds (comm/transport.h), which keep slots x slot size within 1 TiB.
   ringtrain::bench::add_byte_size_option(app, "--slot-bytes", slot_bytes,
@@ -200,14 +262,21 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "core_to_core: %s\n", too_large.c_str());
       return 2;
     }
-    const unsigned online = std::thread::hardware_concurrency();
-    if (online < 2) {
-      std::printf("SKIP: core_to_core needs two CPUs, this machine has %u\n", online);
+    // The affinity mask, not the CPUs online: in a container or job limited to some
+    // CPUs the others are online but cannot be pinned to.
+    const std::vector<int> allowed = allowed_cpus();
+    if (allowed.size() < 2) {
+      std::printf("SKIP: core_to_core needs two CPUs this process may run on; its affinity mask is {%s}\n",
+                  join_cpus(allowed).c_str());
       return 77;
     }
-    if (cpus[0] == cpus[1] || cpus[0] < 0 || cpus[1] < 0 ||
-        static_cast<unsigned>(std::max(cpus[0], cpus[1])) >= online) {
-      std::fprintf(stderr, "core_to_core: --cpus needs two different CPUs below %u\n", online);
+    if (cpus.empty()) cpus = {allowed[0], allowed[1]};
+    auto may_run_on = [&](int cpu) { return std::find(allowed.begin(), allowed.end(), cpu) != allowed.end(); };
+    if (cpus[0] == cpus[1] || !may_run_on(cpus[0]) || !may_run_on(cpus[1])) {
+      std::fprintf(stderr,
+                   "core_to_core: --cpus %d,%d: needs two different CPUs this process may run on; its affinity mask "
+                   "is {%s}\n",
+                   cpus[0], cpus[1], join_cpus(allowed).c_str());
       return 2;
     }
     const double latency = line_latency_ns(cpus[0], cpus[1], 20000);
