@@ -2,6 +2,7 @@
 #include "ddp/master_weights.h"
 
 #include "autograd/autograd.h"
+#include "tensor/ops.h"
 
 namespace ringtrain::ddp {
 
@@ -15,6 +16,18 @@ MasterWeights::MasterWeights(nn::Module& model) : model_params_(model.parameters
   }
   note_versions();
 }
+
+namespace {
+
+// Whether `master` rounded to `param`'s dtype (what copy_masters_to_model() would write)
+// equals `param` everywhere. Host copies, but only for a parameter written behind the
+// masters' back, which is rare. NaN or inf never counts as equal: such a weight is taken again.
+bool rounds_to(const Tensor& master, const Tensor& param) {
+  Tensor rounded = master.to(param.device(), param.dtype());
+  return max_abs_diff(rounded, param) == 0.0;
+}
+
+}  // namespace
 
 void MasterWeights::note_versions() {
   model_versions_.clear();
@@ -30,9 +43,13 @@ std::vector<Tensor> MasterWeights::copy_grads_to_masters() {
     // A model parameter written since the masters last matched it, while its master was
     // not: the master is stale (DDP's broadcast from rank 0 after these masters were
     // taken, a model-only checkpoint load); take it again before the optimizer uses it.
+    // Unless the write left the values the master rounds to (a checkpoint load rolled
+    // back, DDP's broadcast of weights every rank already holds): the master is still
+    // right, and taking it again would drop its bits below half precision.
     autograd::NoGradGuard no_grad;
     for (size_t i = 0; i < masters_.size(); ++i)
-      if (model_params_[i].version() != model_versions_[i] && masters_[i].version() == master_versions_[i])
+      if (model_params_[i].version() != model_versions_[i] && masters_[i].version() == master_versions_[i] &&
+          !rounds_to(masters_[i], model_params_[i]))
         masters_[i].copy_(model_params_[i]);
     note_versions();
   }

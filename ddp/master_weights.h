@@ -23,7 +23,10 @@
 // initial weights; copy_grads_to_masters() therefore first re-takes every master whose
 // model parameter was written since the masters last matched it (tensor version
 // counters: the broadcast, a checkpoint loaded into the model only, weights set by hand)
-// while the master itself was not (a checkpoint that also loaded the masters keeps them).
+// while the master itself was not (a checkpoint that also loaded the masters keeps them),
+// and whose values are no longer the master rounded to half precision: a write of the
+// values it already had (a failed checkpoint load rolled back, DDP's broadcast of weights
+// every rank already holds) keeps the master's bits below half precision.
 //
 // Checkpoints: save_checkpoint saves the model (half) and the optimizer state (which
 // belongs to the masters); pass checkpoint_tensors() as the targets' extra_tensors
@@ -50,7 +53,7 @@ class MasterWeights {
   // float32 leaves that require grad, one per model parameter, same order.
   const std::vector<Tensor>& master_params() const { return masters_; }
   // First re-takes any master whose model parameter was written since they last matched
-  // (see "Order with DDP" above). Then sets each master's .grad to its model parameter's
+  // and now holds other values than the master rounded (see "Order with DDP" above). Then sets each master's .grad to its model parameter's
   // gradient in float32 (undefined
   // when the model parameter has none) and returns them, for LossScaler::step. The
   // model's gradients are cleared (set to none): they moved to the masters, so the

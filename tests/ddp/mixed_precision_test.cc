@@ -134,6 +134,51 @@ TEST(MasterWeightsTest, ResumeWithTheMastersInTheCheckpointIsBitwise) {
   fs::remove_all(dir);
 }
 
+// A model parameter written again with the values it already had (load_checkpoint's
+// rollback after a failed load, DDP's constructor broadcasting weights every rank already
+// holds, a second DDP wrapping the trained model) leaves the masters as they are: they
+// still round to the model. Before, any write the masters did not see re-took them from
+// the half model, dropping every bit below half precision the run had accumulated.
+TEST(MasterWeightsTest, RewritingTheSameHalfWeightsKeepsTheMastersBitsBelowHalfPrecision) {
+  auto model = make_mlp(13);
+  model->to(DType::kFloat16);
+  MasterWeights masters(*model);
+  nn::SGD opt(masters.master_params(), {.lr = 1.0});
+  auto params = model->parameters();
+  auto set_small_grads = [&] {
+    for (auto& p : params) autograd::set_grad(p, full(p.shape(), 1e-5, DType::kFloat16));
+  };
+  for (int step = 0; step < 3; ++step) {  // updates of 1e-5: mostly below half precision
+    set_small_grads();
+    masters.copy_grads_to_masters();
+    opt.step();
+    masters.copy_masters_to_model();
+  }
+  std::vector<std::vector<float>> trained;
+  for (const Tensor& m : masters.master_params()) trained.push_back(m.to_vector<float>());
+  ASSERT_NE(trained[0], params[0].to(DType::kFloat32).to_vector<float>()) << "the masters hold no bits below half";
+
+  nn::StateDict same = model->state_dict();
+  for (auto& [name, t] : same) t = t.clone();
+  model->load_state_dict(same, /*strict=*/true);  // as load_checkpoint's rollback does
+  for (auto& p : params) p.bump_version();         // as DDP's broadcast does
+  set_small_grads();
+  masters.copy_grads_to_masters();
+  for (size_t i = 0; i < trained.size(); ++i)
+    EXPECT_EQ(masters.master_params()[i].to_vector<float>(), trained[i]) << "master " << i;
+
+  // New values are still taken over: only parameter 0 changes.
+  {
+    autograd::NoGradGuard no_grad;
+    add_(params[0], full(params[0].shape(), 0.5, DType::kFloat16));
+  }
+  set_small_grads();
+  masters.copy_grads_to_masters();
+  EXPECT_EQ(masters.master_params()[0].to_vector<float>(), params[0].to(DType::kFloat32).to_vector<float>());
+  for (size_t i = 1; i < trained.size(); ++i)
+    EXPECT_EQ(masters.master_params()[i].to_vector<float>(), trained[i]) << "master " << i;
+}
+
 TEST(MasterWeightsTest, HalfPrecisionTrainingWithScalingTracksFloat32) {
   for (DType half : {DType::kFloat16, DType::kBFloat16}) {
     SCOPED_TRACE(dtype_name(half));
