@@ -10,6 +10,7 @@
 #include <numeric>
 #include <optional>
 #include <sstream>
+#include <type_traits>
 
 #include "tensor/kernels.h"
 #include "tensor/memory_overlap.h"
@@ -481,8 +482,16 @@ double Tensor::item() const {
 namespace {
 constexpr int64_t kEdgeItems = 3;  // values shown at each end of a long dim
 
-void print_dim(std::ostream& os, const std::vector<double>& values, const Shape& shape,
-               const Shape& strides, size_t d, int64_t base, bool is_float, int indent) {
+// One value: floats with 4 significant digits, integers exactly (V is double for the
+// floating dtypes, int64_t for the integer ones: an int64 such as 2^53 + 1 has no double).
+template <typename V>
+void print_value(std::ostream& os, V v) {
+  if constexpr (std::is_floating_point_v<V>) os << std::setprecision(4) << v; else os << v;
+}
+
+template <typename V>
+void print_dim(std::ostream& os, const std::vector<V>& values, const Shape& shape,
+               const Shape& strides, size_t d, int64_t base, int indent) {
   int64_t n = shape[d];
   os << "[";
   for (int64_t i = 0; i < n; ++i) {
@@ -491,14 +500,25 @@ void print_dim(std::ostream& os, const std::vector<double>& values, const Shape&
       i = n - kEdgeItems;
     }
     if (d + 1 == shape.size()) {
-      double v = values[base + i * strides[d]];
-      if (is_float) os << std::setprecision(4) << v; else os << static_cast<int64_t>(v);
+      print_value(os, values[base + i * strides[d]]);
     } else {
-      print_dim(os, values, shape, strides, d + 1, base + i * strides[d], is_float, indent + 1);
+      print_dim(os, values, shape, strides, d + 1, base + i * strides[d], indent + 1);
     }
     if (i + 1 < n) os << (d + 1 == shape.size() ? ", " : ",\n" + std::string(indent + 1, ' '));
   }
   os << "]";
+}
+
+template <typename V>
+void print_values(std::ostream& os, const Tensor& t) {
+  std::vector<V> values = t.to_vector<V>();
+  if (t.dim() == 0) {
+    os << values[0];  // a scalar: floats at the stream's default precision (6 digits)
+  } else if (t.numel() == 0) {
+    os << "[]";
+  } else {
+    print_dim(os, values, t.shape(), contiguous_strides(t.shape()), 0, 0, 7);
+  }
 }
 }  // namespace
 
@@ -506,14 +526,7 @@ std::string Tensor::str() const {
   if (!defined()) return "Tensor(undefined)";
   std::ostringstream os;
   os << "Tensor(";
-  std::vector<double> values = to_vector<double>();
-  if (dim() == 0) {
-    os << values[0];
-  } else if (numel() == 0) {
-    os << "[]";
-  } else {
-    print_dim(os, values, shape(), contiguous_strides(shape()), 0, 0, is_floating_point(dtype()), 7);
-  }
+  if (is_floating_point(dtype())) print_values<double>(os, *this); else print_values<int64_t>(os, *this);
   os << ", dtype=" << dtype_name(dtype()) << ", shape=" << shape_str(shape()) << ", device="
      << device() << ")";
   return os.str();

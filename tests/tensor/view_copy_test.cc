@@ -4,6 +4,7 @@
 // dtype conversions between every pair of dtypes, into non-contiguous and from
 // broadcast views; fill, factories, memcpy_bytes, printing.
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "tests/tensor/reference.h"
@@ -221,6 +222,22 @@ TEST(Printing, NamesDtypeShapeAndValues) {
   EXPECT_EQ(a.describe(), "float32[2, 2] on cpu");
   EXPECT_EQ(scalar_tensor(7.0, DType::kInt64).item(), 7.0);
   EXPECT_EQ(a.t().to_vector<double>(), (std::vector<double>{1.5, 3.25, -2.0, 4.0}));
+}
+
+// Integer tensors print their exact values. They used to go through double: 2^53 + 1 printed
+// as 2^53, and a 0-d int64 such as 123456789 as 1.23457e+08.
+TEST(Printing, IntegersPrintExactly) {
+  Tensor ids = Tensor::from_vector<int64_t>({9007199254740993LL, INT64_MIN, INT64_MAX}, {3});
+  std::string s = ids.str();
+  EXPECT_NE(s.find("[9007199254740993, -9223372036854775808, 9223372036854775807]"), std::string::npos) << s;
+  s = scalar_tensor(123456789.0, DType::kInt64).str();
+  EXPECT_NE(s.find("Tensor(123456789,"), std::string::npos) << s;
+  s = Tensor::from_vector<int32_t>({-2147483647 - 1, 7}, {2, 1}).str();
+  EXPECT_NE(s.find("[[-2147483648],"), std::string::npos) << s;
+  EXPECT_NE(s.find("[7]]"), std::string::npos) << s;
+  // Floats keep 4 significant digits in a tensor and 6 in a scalar, as before.
+  EXPECT_NE(Tensor::from_vector<float>({1.0f / 3}, {1}).str().find("[0.3333]"), std::string::npos);
+  EXPECT_NE(scalar_tensor(1.0 / 3).str().find("Tensor(0.333333,"), std::string::npos);
 }
 
 }  // namespace
