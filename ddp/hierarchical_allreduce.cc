@@ -172,8 +172,12 @@ CommHook HierarchicalAllreduce::hook() const {
   return [state = state_](comm::ProcessGroup& group, Bucket& bucket) -> CommHookResult {
     // The sum runs over the groups split from the world this object was built on, not
     // over `group`: were DDP's group another one (a sub-group, another world), every
-    // bucket would be summed over the wrong ranks and divided by the wrong size. The
-    // same object is required: comm exposes no member list to compare two groups by.
+    // bucket would be summed over the wrong ranks and divided by the wrong size.
+    // Identity, not equivalence, on purpose: what would make another group acceptable is
+    // the same set of processes (a copy split from the world with one color), but comm
+    // exposes no member list to compare, and size and rank alone would accept a
+    // same-sized group of other ranks. Identity never accepts a wrong group; it refuses
+    // a same-member copy, and the message names the fix (pass the same object).
     RT_CHECK(&group == state->world.get(), "HierarchicalAllreduce::hook: DDP reduces over a process group (",
              group.backend_name(), ", rank ", group.rank(), " of ", group.size(),
              ") that is not the one this HierarchicalAllreduce was built on (", state->world->backend_name(),
