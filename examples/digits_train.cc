@@ -272,11 +272,20 @@ int main(int argc, char** argv) {
   app.add_option("--weight-decay", opt.weight_decay, "L2 weight decay (0: none)")->check(positive_real(true))
       ->capture_default_str();
   app.add_option("--seed", opt.seed, "seed of the initial weights and the shuffling")->capture_default_str();
-  app.add_option("--split-seed", opt.split_seed, "seed of the train/test split")->capture_default_str();
-  app.add_option("--test-fraction", opt.test_fraction, "share of examples held out")->capture_default_str();
-  app.add_option("--data", opt.data_path, "digits.csv(.gz)")->capture_default_str();
+  // The digits' own split; MNIST comes split (train-* / t10k-*), so --mnist refuses these
+  // three rather than ignore them.
+  CLI::Option* split_seed =
+      app.add_option("--split-seed", opt.split_seed, "seed of the train/test split (the digits)")->capture_default_str();
+  CLI::Option* test_fraction =
+      app.add_option("--test-fraction", opt.test_fraction, "share of the digits held out for the test")
+          ->capture_default_str();
+  CLI::Option* data = app.add_option("--data", opt.data_path, "digits.csv(.gz)")->capture_default_str();
   app.add_option("--mnist", opt.mnist_dir,
-                 "train on the MNIST / Fashion-MNIST IDX files in this directory instead of the digits");
+                 "train on the MNIST / Fashion-MNIST IDX files in this directory instead of the digits (their own "
+                 "train/t10k split)")
+      ->excludes(split_seed)
+      ->excludes(test_fraction)
+      ->excludes(data);
   app.add_option("--metrics-csv", opt.metrics_csv, "write per-epoch metrics to this CSV file");
   app.add_option("--checkpoint-dir", opt.checkpoint_dir, "save a checkpoint here after every epoch");
   app.add_option("--keep-last", opt.keep_last, "checkpoints to keep")->check(CLI::Range(1, kIntMax))->capture_default_str();
