@@ -18,6 +18,7 @@
 #include "comm/reduce.h"
 #include "comm/shm_segment.h"
 #include "comm/transport.h"
+#include "comm/wait_in_slices.h"
 
 namespace ringtrain::comm {
 
@@ -77,28 +78,6 @@ std::string transport_settings(const std::string& transport, const ShmLayout& la
                         layout.slot_bytes, " RINGTRAIN_SHM_SLOTS=", layout.slots);
 }
 
-// How long one slice of a setup wait lasts before PeerMesh looks for a member's
-// published failure (a few store round trips per member).
-constexpr auto kSetupSlice = std::chrono::milliseconds(250);
-
-// Runs attempt(slice_deadline) in slices until it returns. A CommTimeoutError that
-// ends a slice before `deadline` means "not yet": check_members(what) then looks for
-// a member that published a failure (it throws if one did), and the next slice
-// starts. The last slice's CommTimeoutError propagates.
-template <typename Attempt>
-auto in_slices(Deadline deadline, const PeerMesh::MemberCheck& check_members, const std::string& what,
-               Attempt&& attempt) {
-  while (true) {
-    const Deadline slice = std::min(deadline, Clock::now() + kSetupSlice);
-    try {
-      return attempt(slice);
-    } catch (const CommTimeoutError&) {
-      if (slice >= deadline) throw;
-    }
-    check_members(what);
-  }
-}
-
 }  // namespace
 
 PeerMesh::PeerMesh(Store& store, const std::string& prefix, int rank, int size,
@@ -132,11 +111,9 @@ PeerMesh::PeerMesh(Store& store, const std::string& prefix, int rank, int size,
   for (int r = 0; r < size; ++r) {
     try {
       const std::string key = prefix + "/mesh/" + std::to_string(r);
-      info[r] = json::parse(in_slices(deadline, check_members,
-                                      detail::concat("rank ", world_ranks[r], " to join the ring mesh"),
-                                      [&](Deadline slice) {
-                                        return store.get(key, std::chrono::milliseconds(millis_until(slice)));
-                                      }));
+      info[r] = json::parse(wait_in_slices(
+          deadline, check_members, detail::concat("rank ", world_ranks[r], " to join the ring mesh"),
+          [&](Deadline slice) { return store.get(key, std::chrono::milliseconds(millis_until(slice))); }));
     } catch (const CommTimeoutError&) {
       throw CommTimeoutError(detail::concat(
           "ring backend: rank ", world_ranks[r], " of ", size, " did not join within ",
@@ -166,7 +143,7 @@ PeerMesh::PeerMesh(Store& store, const std::string& prefix, int rank, int size,
     const std::string waiting_for = detail::concat("rank ", world_ranks[peer], " to accept its mesh connection");
     Socket socket;
     try {
-      socket = in_slices(deadline, check_members, waiting_for, [&](Deadline slice) {
+      socket = wait_in_slices(deadline, check_members, waiting_for, [&](Deadline slice) {
         return Socket::connect(addr, info[peer]["port"].get<int>(), slice);
       });
     } catch (const CommError& e) {
@@ -190,7 +167,7 @@ PeerMesh::PeerMesh(Store& store, const std::string& prefix, int rank, int size,
     // its accept loop.
     uint8_t accepted = 0;
     try {
-      in_slices(deadline, check_members, waiting_for, [&](Deadline slice) {
+      wait_in_slices(deadline, check_members, waiting_for, [&](Deadline slice) {
         socket.recv_all(&accepted, 1, slice);
         return 0;
       });
@@ -213,7 +190,7 @@ PeerMesh::PeerMesh(Store& store, const std::string& prefix, int rank, int size,
       if (!peers_[r].socket.valid()) missing += detail::concat(missing.empty() ? "" : ", ", world_ranks[r]);
     Socket socket;
     try {
-      socket = in_slices(deadline, check_members, detail::concat("rank(s) ", missing, " to connect to it"),
+      socket = wait_in_slices(deadline, check_members, detail::concat("rank(s) ", missing, " to connect to it"),
                          [&](Deadline slice) { return listener.accept(slice); });
     } catch (const CommTimeoutError& e) {
       throw CommTimeoutError(detail::concat(

@@ -6,13 +6,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "comm/store.h"
 #include "comm/types.h"
+#include "comm/wait_in_slices.h"
 
 namespace ringtrain::comm {
 
@@ -69,45 +69,10 @@ ShmSegment::ShmSegment(const std::string& name, size_t bytes, bool create)
 
 ShmSegment::~ShmSegment() { munmap(base_, bytes_); }
 
-namespace {
-
-// How long one slice of a wait lasts before the members are checked (a store round
-// trip per member), and so about how long a dead member goes unnoticed.
-constexpr auto kWaitSlice = std::chrono::milliseconds(250);
-
-// Runs attempt(slice) until it returns, in slices of kWaitSlice up to `deadline`. A
-// CommTimeoutError that ends a slice early means "not yet": check_members(what) then
-// throws if a member failed or died (it will never do its part). Before that error
-// goes out, attempt gets one last look (a member may have done its part and then
-// gone). The last slice's CommTimeoutError propagates.
-template <typename Attempt>
-auto in_slices(Deadline deadline, const ShmMemberCheck& check_members, const std::string& what,
-               Attempt&& attempt) {
-  while (true) {
-    const Deadline slice = std::min(deadline, Clock::now() + kWaitSlice);
-    try {
-      return attempt(std::chrono::milliseconds(std::max(0, millis_until(slice))));
-    } catch (const CommTimeoutError&) {
-      if (slice >= deadline) throw;
-    }
-    try {
-      check_members(what);
-    } catch (const CommError&) {
-      try {
-        return attempt(std::chrono::milliseconds(0));
-      } catch (const CommTimeoutError&) {
-      }
-      throw;  // the member's failure
-    }
-  }
-}
-
-}  // namespace
-
 std::vector<std::shared_ptr<ShmSegment>> share_shm_segments(
     Store& store, const std::string& key, int rank, int group_size, const std::vector<int>& members,
     const std::vector<int>& world_ranks, const std::string& name, size_t bytes, Deadline deadline,
-    const ShmMemberCheck& check_members, const char* what, const char* fix) {
+    const MemberCheck& check_members, const char* what, const char* fix) {
   const Deadline start = Clock::now();
   auto waited_seconds = [&] {
     return std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - start).count();
@@ -132,9 +97,10 @@ std::vector<std::shared_ptr<ShmSegment>> share_shm_segments(
       if (r == rank) continue;
       const std::string entry_key = detail::concat(key, "/", r);
       try {
-        entries[r] = nlohmann::json::parse(
-            in_slices(deadline, check_members, detail::concat("rank ", world_ranks[r], "'s segment (", what, ")"),
-                      [&](std::chrono::milliseconds slice) { return store.get(entry_key, slice); }));
+        entries[r] = nlohmann::json::parse(wait_in_slices(
+            deadline, check_members, detail::concat("rank ", world_ranks[r], "'s segment (", what, ")"),
+            [&](Deadline slice_end) { return store.get(entry_key, std::chrono::milliseconds(millis_until(slice_end))); },
+            LastLook::kYes));
       } catch (const CommTimeoutError&) {
         throw CommTimeoutError(detail::concat(
             what, ": rank ", world_ranks[r], " did not create its shared memory segment within ", waited_seconds(),
@@ -172,11 +138,13 @@ std::vector<std::shared_ptr<ShmSegment>> share_shm_segments(
     const auto count = static_cast<int64_t>(members.size());
     store.add(mapped_key, 1);
     try {
-      in_slices(deadline, check_members, detail::concat("every rank to map the segments (", what, ")"),
-                [&](std::chrono::milliseconds slice) {
-                  store.wait_at_least(mapped_key, count, slice);
-                  return 0;
-                });
+      wait_in_slices(
+          deadline, check_members, detail::concat("every rank to map the segments (", what, ")"),
+          [&](Deadline slice_end) {
+            store.wait_at_least(mapped_key, count, std::chrono::milliseconds(millis_until(slice_end)));
+            return 0;
+          },
+          LastLook::kYes);
     } catch (const CommTimeoutError&) {
       throw CommTimeoutError(detail::concat(what, ": ", store.add(mapped_key, 0), " of ", count,
                                             " ranks had mapped every shared memory segment after ", waited_seconds(),

@@ -11,12 +11,12 @@
 
 #include <chrono>
 #include <cstddef>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "comm/types.h"
+#include "comm/wait_in_slices.h"
 
 namespace ringtrain::comm {
 
@@ -45,10 +45,6 @@ class ShmSegment {
 
 class Store;
 
-// Throws (PeerLostError) when a member of the group failed or died, naming it and
-// `what` this rank was waiting for; PeerMesh::check_members is one.
-using ShmMemberCheck = std::function<void(const std::string& what)>;
-
 // Collective among `members` (group ranks on this host, `rank` among them), the
 // rendezvous behind the transport's inboxes and symmetric memory:
 //   1. each creates its own segment `name` of `bytes` (zero-filled) and publishes
@@ -60,10 +56,11 @@ using ShmMemberCheck = std::function<void(const std::string& what)>;
 // segment has X bytes but rank B's has Y; <fix>". A member that cannot create its
 // segment publishes why instead of its name, and then every member throws
 // ShmCreateError with that reason (none waits for a name that will never come).
-// The waits of steps 2 and 3 go in slices until `deadline`; between them
-// check_members throws if a member failed or died (a rank killed in here is named,
-// with its pid and host, within a second, not after the deadline as a store key
-// that "did not appear"). On any failure this rank unlinks its own name, and the
+// The waits of steps 2 and 3 go in slices until `deadline` (wait_in_slices.h, with
+// a last look: a member's published entry or count stays good after it fails);
+// between them check_members throws if a member failed or died (a rank killed in
+// here is named, with its pid and host, within a second, not after the deadline as
+// a store key that "did not appear"). On any failure this rank unlinks its own name, and the
 // name of a member that check_members reported lost (it cannot any more); what a
 // process killed in here leaves in /dev/shm is ringrun's to remove (docs/comm.md).
 // Returns the segments indexed by group rank (nullptr for ranks that are not members).
@@ -71,6 +68,6 @@ using ShmMemberCheck = std::function<void(const std::string& what)>;
 std::vector<std::shared_ptr<ShmSegment>> share_shm_segments(
     Store& store, const std::string& key, int rank, int group_size, const std::vector<int>& members,
     const std::vector<int>& world_ranks, const std::string& name, size_t bytes, Deadline deadline,
-    const ShmMemberCheck& check_members, const char* what, const char* fix);
+    const MemberCheck& check_members, const char* what, const char* fix);
 
 }  // namespace ringtrain::comm

@@ -42,6 +42,7 @@
 
 #include "comm/socket.h"
 #include "comm/store.h"
+#include "comm/wait_in_slices.h"
 
 namespace ringtrain::comm {
 
@@ -101,11 +102,10 @@ class PeerMesh {
   // Collective over the group: listens, publishes its address in the store,
   // connects to every member (token-checked handshake), and maps shared memory
   // with the members on this host. `transport`: "auto", "tcp" or "shm".
-  // Every wait on another member goes in short slices; between them
-  // `check_members(what)` throws if a member published a failure (it will never
+  // Every wait on another member goes in short slices (wait_in_slices.h); between
+  // them `check_members(what)` throws if a member published a failure (it will never
   // come), so one rank failing during setup ends the others' waits within a second
   // instead of at the deadline. `what` names what this rank is waiting for.
-  using MemberCheck = std::function<void(const std::string& what)>;
   PeerMesh(Store& store, const std::string& prefix, int rank, int size,
            const std::vector<int>& world_ranks, const std::string& token,
            const std::string& transport, Deadline deadline, const MemberCheck& check_members);

@@ -1,21 +1,25 @@
 // Single-process tests of the shared-memory pieces: the slot layout read from
 // RINGTRAIN_SHM_SLOT_BYTES / RINGTRAIN_SHM_SLOTS / RINGTRAIN_SHM_STREAMING_STORES, the
-// slot copy routines, and ShmSegment's cleanup.
+// slot copy routines, ShmSegment's cleanup, and the sliced waits of the rendezvous
+// (wait_in_slices, also PeerMesh's setup).
 #include <gtest/gtest.h>
 
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/reduce.h"
 #include "comm/shm_segment.h"
 #include "comm/transport.h"
 #include "comm/types.h"
+#include "comm/wait_in_slices.h"
 
 namespace ringtrain::comm {
 namespace {
@@ -174,6 +178,93 @@ TEST(ShmTransport, IsAByteStreamWhateverTheSendsAndReceivesCut) {
     received_total += receive;
   }
   EXPECT_EQ(received_total, sent);
+}
+
+// An attempt that waits (sleeps) until the end of its slice and finds nothing there,
+// recording every slice end it was given.
+struct NothingYet {
+  std::vector<Deadline>* slice_ends;
+  int operator()(Deadline slice_end) const {
+    slice_ends->push_back(slice_end);
+    std::this_thread::sleep_until(slice_end);
+    throw CommTimeoutError("not yet");
+  }
+};
+
+// The wait goes in slices of kMemberCheckSlice, checks the members between them, and
+// never reaches past its deadline: the last slice is clipped to it, and its timeout
+// goes out to the caller.
+TEST(WaitInSlices, SlicesEndAtTheDeadlineAndTheLastTimeoutPropagates) {
+  const Deadline start = Clock::now();
+  const Deadline deadline = start + 2 * kMemberCheckSlice + std::chrono::milliseconds(100);
+  std::vector<Deadline> slice_ends;
+  int checks = 0;
+  EXPECT_THROW(wait_in_slices(deadline, [&](const std::string& what) {
+                 EXPECT_EQ(what, "rank 1's entry");
+                 ++checks;
+               }, "rank 1's entry", NothingYet{&slice_ends}),
+               CommTimeoutError);
+  ASSERT_GE(slice_ends.size(), 2u);
+  for (size_t i = 0; i < slice_ends.size(); ++i) {
+    EXPECT_LE(slice_ends[i], deadline) << "slice " << i << " of " << slice_ends.size() << " ends past the deadline by "
+                                       << std::chrono::duration<double, std::milli>(slice_ends[i] - deadline).count()
+                                       << " ms";
+  }
+  EXPECT_EQ(slice_ends.back(), deadline);
+  EXPECT_LE(slice_ends.front(), start + kMemberCheckSlice + std::chrono::milliseconds(50));
+  EXPECT_EQ(checks, static_cast<int>(slice_ends.size()) - 1);  // between slices, not after the last
+}
+
+// A member check that throws ends the wait with its error (the member's failure, not a
+// timeout at the deadline). With LastLook::kNo the attempt is not run again.
+TEST(WaitInSlices, AFailedMemberEndsTheWaitWithItsError) {
+  std::vector<Deadline> slice_ends;
+  try {
+    wait_in_slices(Clock::now() + std::chrono::seconds(30),
+                   [](const std::string& what) { throw PeerLostError(1, "rank 1 died while waiting for " + what); },
+                   "rank 1 to connect", NothingYet{&slice_ends});
+    FAIL() << "expected the member's failure";
+  } catch (const PeerLostError& e) {
+    EXPECT_STREQ(e.what(), "rank 1 died while waiting for rank 1 to connect");
+  }
+  EXPECT_EQ(slice_ends.size(), 1u);
+}
+
+// LastLook::kYes: once the check reports a failed member, the attempt gets one more
+// look that waits for nothing (its slice ends now); what the member did before it
+// failed is still taken, and its failure goes out only when that look finds nothing.
+TEST(WaitInSlices, LastLookTakesWhatAFailedMemberLeftAndOtherwiseRethrows) {
+  auto member_failed = [](const std::string&) { throw PeerLostError(1, "rank 1 died"); };
+  int attempts = 0;
+  Deadline last_look{};
+  const int value = wait_in_slices(
+      Clock::now() + std::chrono::seconds(30), member_failed, "rank 1's entry",
+      [&](Deadline slice_end) {
+        if (++attempts == 1) {
+          std::this_thread::sleep_until(slice_end);
+          throw CommTimeoutError("not yet");
+        }
+        last_look = slice_end;
+        return 7;  // it published before it died
+      },
+      LastLook::kYes);
+  EXPECT_EQ(value, 7);
+  EXPECT_EQ(attempts, 2);
+  EXPECT_LE(last_look, Clock::now());  // no time to wait in the last look
+  std::vector<Deadline> slice_ends;
+  EXPECT_THROW(wait_in_slices(Clock::now() + std::chrono::seconds(30), member_failed, "rank 1's entry",
+                              NothingYet{&slice_ends}, LastLook::kYes),
+               PeerLostError);
+  EXPECT_EQ(slice_ends.size(), 2u);
+}
+
+// An error of the attempt other than a timeout is not "not yet": it goes out at once.
+TEST(WaitInSlices, OtherErrorsOfTheAttemptPropagateAtOnce) {
+  int checks = 0;
+  EXPECT_THROW(wait_in_slices(Clock::now() + std::chrono::seconds(30), [&](const std::string&) { ++checks; }, "x",
+                              [](Deadline) -> int { throw SocketClosed("connection closed"); }),
+               SocketClosed);
+  EXPECT_EQ(checks, 0);
 }
 
 }  // namespace
