@@ -413,7 +413,17 @@ Tensor Tensor::t() const {
 
 Tensor& Tensor::copy_(const Tensor& src) {
   RT_CHECK(defined() && src.defined(), "Tensor::copy_: undefined tensor");
-  Tensor source = src.shape() == shape() ? src : src.expand(shape());
+  Tensor source = src;
+  if (src.shape() != shape()) {
+    // Named here: expand()'s own error would name expand, which the caller never called.
+    bool broadcasts = src.dim() <= dim();
+    for (int64_t i = 1; broadcasts && i <= src.dim(); ++i)
+      broadcasts = src.size(-i) == 1 || src.size(-i) == size(-i);
+    RT_CHECK(broadcasts, "Tensor::copy_: cannot copy ", src.describe(), " into ", describe(),
+             ": the source must have the destination's shape or broadcast to it; reshape() the source "
+             "first");
+    source = src.expand(shape());
+  }
   if (numel() == 0) return *this;
   if (memory_overlap(*this, source) == MemoryOverlap::kSame) return *this;  // copying a view onto itself
   check_in_place(*this, source, "Tensor::copy_");

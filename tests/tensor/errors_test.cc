@@ -23,6 +23,15 @@ TEST(Errors, MismatchedShapesNameOpAndShapes) {
   // In-place ops never change the destination's shape.
   Tensor row = zeros({1, 3});
   EXPECT_TRUE(throws_with([&] { add_(row, a); }, {"add_", "[1, 3]", "[2, 3]"}));
+  // copy_ names itself and both tensors (its error used to come from Tensor::expand, an op
+  // the caller never called), and still broadcasts a source that fits.
+  Tensor dst = zeros({2, 3});
+  EXPECT_TRUE(throws_with([&] { dst.copy_(zeros({2})); }, {"Tensor::copy_", "float32[2] on cpu", "[2, 3]", "broadcast"}));
+  EXPECT_TRUE(throws_with([&] { dst.copy_(zeros({1, 2, 3})); }, {"Tensor::copy_", "[1, 2, 3]", "[2, 3]"}));
+  dst.copy_(Tensor::from_vector<float>({1, 2, 3}, {3}));
+  EXPECT_EQ(dst.to_vector<float>(), (std::vector<float>{1, 2, 3, 1, 2, 3}));
+  dst.copy_(scalar_tensor(4.0));
+  EXPECT_EQ(dst.to_vector<float>(), std::vector<float>(6, 4.0f));
 }
 
 TEST(Errors, MismatchedDtypesNameBoth) {
