@@ -19,17 +19,20 @@ namespace ringtrain::ddp {
 // Jobs catch their own exceptions; the workers only run them.
 class ReplicaWorkers {
  public:
+  // Throws Error when a thread cannot be started (the process's thread limit), after
+  // stopping the ones that did start: a std::thread still joinable when its vector is
+  // destroyed would std::terminate the process instead.
   explicit ReplicaWorkers(size_t count) {
-    for (size_t i = 0; i < count; ++i) threads_.emplace_back([this, i] { loop(i); });
-  }
-  ~ReplicaWorkers() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
+    try {
+      for (size_t i = 0; i < count; ++i) threads_.emplace_back([this, i] { loop(i); });
+    } catch (const std::exception& e) {  // std::system_error; std::bad_alloc growing the vector
+      stop_and_join();
+      throw Error(detail::concat("DataParallel: could not start the worker thread of replica ",
+                                 threads_.size() + 1, " (", count + 1, " replicas): ", e.what(),
+                                 "; use fewer devices, or raise the thread limit (ulimit -u)"));
     }
-    work_cv_.notify_all();
-    for (auto& t : threads_) t.join();
   }
+  ~ReplicaWorkers() { stop_and_join(); }
   ReplicaWorkers(const ReplicaWorkers&) = delete;
   ReplicaWorkers& operator=(const ReplicaWorkers&) = delete;
 
@@ -63,6 +66,15 @@ class ReplicaWorkers {
       lock.lock();
       if (--pending_ == 0) done_cv_.notify_all();
     }
+  }
+
+  void stop_and_join() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    work_cv_.notify_all();
+    for (auto& t : threads_) t.join();
   }
 
   std::mutex mutex_;

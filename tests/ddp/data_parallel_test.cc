@@ -1,9 +1,12 @@
 // DataParallel over several CPU replicas equals running the single module.
 #include "ddp/data_parallel.h"
 
+#include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <pthread.h>
 
 #include <atomic>
+#include <cerrno>
 #include <functional>
 #include <mutex>
 #include <set>
@@ -14,6 +17,22 @@
 #include "nn/layers.h"
 #include "nn/optim.h"
 #include "tensor/ops.h"
+
+// Thread starts fail on demand (as at the process's thread limit): this binary's
+// pthread_create is found before libc's, and passes through unless armed.
+namespace {
+std::atomic<int> g_thread_starts_before_failing{-1};  // -1: never fail
+}  // namespace
+
+extern "C" int pthread_create(pthread_t* thread, const pthread_attr_t* attr, void* (*start)(void*), void* arg) {
+  using Create = int (*)(pthread_t*, const pthread_attr_t*, void* (*)(void*), void*);
+  static const Create real = reinterpret_cast<Create>(dlsym(RTLD_NEXT, "pthread_create"));
+  int left = g_thread_starts_before_failing.load();
+  while (left > 0 && !g_thread_starts_before_failing.compare_exchange_weak(left, left - 1)) {
+  }
+  if (left == 0) return EAGAIN;
+  return real(thread, attr, start, arg);
+}
 
 namespace ringtrain::ddp {
 namespace {
@@ -266,6 +285,23 @@ TEST(DataParallelTest, ABufferSharedBetweenModulesStaysSharedInTheReplicas) {
   DataParallel dp(seq, std::vector<Device>(2, Device::cpu()));
   std::vector<float> out = dp.forward(zeros({4, 1})).to_vector<float>();
   EXPECT_EQ(out, std::vector<float>(4, 1.0f));  // every row saw its replica's bump
+}
+
+// A worker thread that cannot be started is an Error naming the replica, after the
+// workers already started are stopped; they used to be left joinable in a vector being
+// destroyed, which calls std::terminate.
+TEST(DataParallelTest, AWorkerThreadThatCannotStartIsAnErrorNotAnAbort) {
+  auto m = make_mlp(2);
+  g_thread_starts_before_failing = 1;  // replica 1's worker starts, replica 2's does not
+  try {
+    DataParallel dp(m, std::vector<Device>(3, Device::cpu()));
+    ADD_FAILURE() << "expected an error: the second worker thread could not start";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("worker thread of replica 2"), std::string::npos) << e.what();
+  }
+  g_thread_starts_before_failing = -1;
+  DataParallel dp(m, std::vector<Device>(3, Device::cpu()));  // the module is still usable
+  EXPECT_EQ(dp.forward(randn({6, 6}, default_generator())).size(0), 6);
 }
 
 TEST(DataParallelTest, ClearErrors) {
