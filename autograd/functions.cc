@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <string>
 
 #include "autograd/autocast.h"
 #include "autograd/graph.h"
@@ -853,12 +854,15 @@ Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
 // embedding: weight rows at indices  ->  zeros with each g row added at its index
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
   RT_CHECK(weight.dim() == 2, "embedding: weight must be [num_embeddings, dim], got ", weight.describe());
+  RT_CHECK(indices.dtype() == DType::kInt64, "embedding: indices must be int64 token ids, got ",
+           indices.describe(), "; convert them with .to(DType::kInt64)");
   Tensor flat = indices.reshape({-1});
-  // The CPU kernel throws on an index out of range; the CUDA kernel would read 0 (it cannot
-  // throw), so on a GPU the indices are checked here: one small copy to the host.
-  if (flat.device().is_cuda())
-    rt::check_index_range(flat, weight.size(0), "embedding", "indices",
-                          "they must lie in [0, num_embeddings); fix the token ids or enlarge the table");
+  // Checked here on every device, so the error names embedding and the table's size (the CPU
+  // kernel would name index_select; the CUDA kernel cannot throw and would read 0). One pass
+  // over the indices, small beside the rows they copy; on a GPU one small copy to the host.
+  rt::check_index_range(flat, weight.size(0), "embedding", "indices",
+                        "they must lie in [0, num_embeddings) = [0, " + std::to_string(weight.size(0)) +
+                            "); fix the token ids or enlarge the table");
   Shape out_shape = indices.shape();
   out_shape.push_back(weight.size(1));
   Tensor y = rt::index_select(weight, 0, flat).view(out_shape);
@@ -920,6 +924,9 @@ Tensor mse_loss(const Tensor& input, const Tensor& target) {
   RT_AUTOCAST_FLOAT32(ag::mse_loss(C(input), C(target)))
   RT_CHECK(input.shape() == target.shape(), "mse_loss: input ", input.describe(), " and target ",
            target.describe(), " must have the same shape");
+  RT_CHECK(input.dtype() == target.dtype() && input.device() == target.device(), "mse_loss: input ",
+           input.describe(), " and target ", target.describe(),
+           " must have the same dtype and device; convert the target with .to(input's device, dtype)");
   Tensor diff = rt::sub(input, target);
   Tensor loss = rt::mean(rt::mul(diff, diff));
   double n = static_cast<double>(std::max<int64_t>(input.numel(), 1));

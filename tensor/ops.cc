@@ -583,10 +583,16 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
            weight.describe());
   RT_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "linear: input ", x.describe(),
            " does not end in in_features=", weight.size(1), " of weight ", weight.describe());
-  Tensor y = matmul(x, weight.t());
+  check_same_device(x, weight, "linear");
+  check_same_dtype(x, weight, "linear");
   if (bias.defined()) {
     RT_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear: bias ", bias.describe(),
              " must be [", weight.size(0), "]");
+    check_same_device(x, bias, "linear");
+    check_same_dtype(x, bias, "linear");
+  }
+  Tensor y = matmul(x, weight.t());
+  if (bias.defined()) {
     add_(y, bias);
   }
   return y;

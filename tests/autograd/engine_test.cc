@@ -96,6 +96,27 @@ TEST(Engine, ErrorsNameTheProblem) {
   backward(y);  // exp saved its output, not w: still fine
 }
 
+// Misuse of the composite ops is named by the op the caller called, not by the tensor op
+// it is built on (embedding's errors used to say index_select, mse_loss's said sub, linear's
+// said matmul or add_).
+TEST(Engine, CompositeOpsNameThemselvesInTheirErrors) {
+  Tensor table = param({1, 2, 3, 4, 5, 6}, {3, 2});
+  expect_error([&] { ag::embedding(table, Tensor::from_vector<int32_t>({0}, {1})); },
+               {"embedding", "int64", "int32[1]"});
+  expect_error([&] { ag::embedding(table, Tensor::from_vector<int64_t>({1, 3}, {2})); },
+               {"embedding", "indices", "[1, 3]", "[0, 3)", "enlarge the table"});
+  expect_error([&] { ag::embedding(table, Tensor::from_vector<int64_t>({-1}, {1})); }, {"embedding", "[-1, -1]"});
+  expect_error([&] { ag::mse_loss(table, ones({3, 2}, DType::kFloat64)); },
+               {"mse_loss", "float32[3, 2]", "float64[3, 2]", "dtype"});
+  Tensor x = ones({4, 2});
+  expect_error([&] { ag::linear(x.to(DType::kFloat64), table, Tensor()); },
+               {"linear", "float64[4, 2]", "float32[3, 2]"});
+  expect_error([&] { ag::linear(x, table, ones({3}, DType::kFloat64)); }, {"linear", "float64[3]"});
+  // Valid calls are unchanged.
+  EXPECT_EQ(values(ag::embedding(table, Tensor::from_vector<int64_t>({2}, {1}))), (std::vector<float>{5, 6}));
+  EXPECT_EQ(values(ag::linear(x, table, zeros({3}))), (std::vector<float>{3, 7, 11, 3, 7, 11, 3, 7, 11, 3, 7, 11}));
+}
+
 TEST(Engine, RetainGraphAllowsSecondBackward) {
   Tensor x = param({1, 2}, {2});
   Tensor loss = ag::sum(ag::mul(x, x));
