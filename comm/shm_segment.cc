@@ -133,9 +133,12 @@ std::vector<std::shared_ptr<ShmSegment>> share_shm_segments(
         throw;
       }
     }
-    // 3. all mapped everywhere: the names can go
+    // 3. all mapped everywhere: the names can go. The count is what is waited for;
+    //    each rank's own mark (set before it counts itself) lets a timeout name the
+    //    ranks that never got here.
     const std::string mapped_key = key + "/mapped";
     const auto count = static_cast<int64_t>(members.size());
+    store.set(detail::concat(mapped_key, "/", rank), "1");
     store.add(mapped_key, 1);
     try {
       wait_in_slices(
@@ -146,9 +149,25 @@ std::vector<std::shared_ptr<ShmSegment>> share_shm_segments(
           },
           LastLook::kYes);
     } catch (const CommTimeoutError&) {
-      throw CommTimeoutError(detail::concat(what, ": ", store.add(mapped_key, 0), " of ", count,
-                                            " ranks had mapped every shared memory segment after ", waited_seconds(),
-                                            " s (rank ", world_ranks[rank], " waited for the rest)"));
+      const int64_t mapped = store.add(mapped_key, 0);
+      std::vector<int> missing;  // world ranks
+      for (int r : members) {
+        if (!store.try_get(detail::concat(mapped_key, "/", r))) missing.push_back(world_ranks[r]);
+      }
+      if (missing.empty()) {  // (each counts itself right after its mark: a late one)
+        throw CommTimeoutError(detail::concat(what, ": ", mapped, " of ", count,
+                                              " ranks had mapped every shared memory segment after ", waited_seconds(),
+                                              " s (rank ", world_ranks[rank], " waited for the rest)"));
+      }
+      std::string names;
+      for (int world_rank : missing) names += detail::concat(names.empty() ? "" : ", ", world_rank);
+      const bool one = missing.size() == 1;
+      throw CommTimeoutError(detail::concat(
+          what, ": rank", one ? " " : "s ", names, " had not mapped every shared memory segment after ",
+          waited_seconds(), " s (", mapped, " of ", count, " ranks had; rank ", world_ranks[rank], " waited for ",
+          one ? "it" : "them", "): ", one ? "it" : "they", " made and published ", one ? "its" : "their",
+          " own segment but did not finish mapping the others'; stuck in this call, or failed in it and went on "
+          "without the group?"));
     }
   } catch (const PeerLostError& e) {
     if (segments[rank]) shm_unlink(name.c_str());  // not a name we failed to create

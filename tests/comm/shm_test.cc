@@ -11,12 +11,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "comm/reduce.h"
 #include "comm/shm_segment.h"
+#include "comm/store.h"
 #include "comm/transport.h"
 #include "comm/types.h"
 #include "comm/wait_in_slices.h"
@@ -265,6 +267,34 @@ TEST(WaitInSlices, OtherErrorsOfTheAttemptPropagateAtOnce) {
                               [](Deadline) -> int { throw SocketClosed("connection closed"); }),
                SocketClosed);
   EXPECT_EQ(checks, 0);
+}
+
+// A member that published its segment but then never mapped the others' (stuck, or it
+// failed in there and went on) is named by the rank whose wait for the mapping times
+// out. The message used to give a count only ("allocate_symmetric: 1 of 2 ranks had
+// mapped every shared memory segment after 0 s (rank 3 waited for the rest)").
+// One process plays group rank 0 (world rank 3); group rank 1 (world rank 5) is a
+// segment and its store entry, made here, and nothing more.
+TEST(ShareShmSegments, AMappingTimeoutNamesTheRankThatDidNotMap) {
+  StoreServer server("127.0.0.1", 0, "t");
+  Store store("127.0.0.1", server.port(), "t");
+  const std::string prefix = "/ringtrain-test-share-" + std::to_string(getpid());
+  const size_t bytes = 4096;
+  ShmSegment theirs(prefix + "-r1", bytes, /*create=*/true);
+  store.set("sym/1", nlohmann::json{{"name", prefix + "-r1"}, {"bytes", bytes}}.dump());
+  std::string error = "(no error)";
+  try {
+    share_shm_segments(store, "sym", /*rank=*/0, /*group_size=*/2, /*members=*/{0, 1}, /*world_ranks=*/{3, 5},
+                       prefix + "-r0", bytes, Clock::now() + std::chrono::milliseconds(600),
+                       [](const std::string&) {}, "allocate_symmetric", "the fix");
+  } catch (const CommTimeoutError& e) {
+    error = e.what();
+  }
+  shm_unlink((prefix + "-r1").c_str());
+  EXPECT_NE(error.find("allocate_symmetric: rank 5 had not mapped"), std::string::npos) << error;
+  EXPECT_NE(error.find("1 of 2 ranks had"), std::string::npos) << error;
+  EXPECT_NE(error.find("rank 3 waited"), std::string::npos) << error;
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm" + prefix + "-r0")) << "its own name was left behind";
 }
 
 }  // namespace
