@@ -3,7 +3,11 @@
 //
 //   bench_tensor_ops                 # full sizes, 5 repetitions, medians + ratio table
 //   bench_tensor_ops --smoke         # tiny sizes, 1 repetition (the bench-smoke ctest)
-//   (any --benchmark_* flag of Google Benchmark is passed through)
+//   (Google Benchmark's --benchmark_* flags are passed through. The program sets its own
+//   repetitions, minimum time and warm-up per benchmark, and those would override the
+//   flags, so it sets each only where its flag was not given; the console table is its
+//   own, so --benchmark_format other than console is refused: --benchmark_out=FILE
+//   --benchmark_out_format=json writes JSON beside it.)
 //
 // Ceilings:  memcpy bandwidth (bytes read + written per second, the STREAM
 //            convention, so a copy of N bytes moves 2N), and Debian's OpenBLAS
@@ -19,6 +23,8 @@
 //            computation (OpenBLAS for GEMM, a float64 loop otherwise); the
 //            counter `wrong` is the number of elements out of tolerance, and the
 //            program exits 1 if any benchmark had a wrong element.
+#include <unistd.h>
+
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -277,6 +283,7 @@ void BM_ReduceKernel(benchmark::State& state, ReduceOp op, int which) {
 // Captures the medians so the ratio table can be printed after all benchmarks ran.
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
+  explicit RatioReporter(OutputOptions options) : ConsoleReporter(options) {}
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const Run& run : runs) {
@@ -330,14 +337,23 @@ void print_ratios(const RatioReporter& r) {
   std::printf("wrong elements in all timed results: %lld\n", static_cast<long long>(g_total_wrong));
 }
 
-void register_all() {
+// The Google Benchmark flags a user gave on the command line, among those that the
+// per-benchmark settings below would otherwise override without a word.
+struct GivenFlags {
+  bool repetitions = false, min_time = false, min_warmup_time = false, aggregates_only = false;
+};
+
+void register_all(const GivenFlags& given) {
   const int reps = g_smoke ? 1 : 5;
-  auto setup = [reps](benchmark::internal::Benchmark* b) {
-    b->Repetitions(reps)->ReportAggregatesOnly(reps > 1)->Unit(benchmark::kMillisecond);
+  auto setup = [reps, given](benchmark::internal::Benchmark* b) {
+    b->Unit(benchmark::kMillisecond);
+    if (!given.repetitions) b->Repetitions(reps);
+    if (!given.aggregates_only && !given.repetitions) b->ReportAggregatesOnly(reps > 1);
     if (g_smoke) {
-      b->Iterations(2);
+      if (!given.min_time) b->Iterations(2);
     } else {
-      b->MinWarmUpTime(0.2)->MinTime(0.5);
+      if (!given.min_warmup_time) b->MinWarmUpTime(0.2);
+      if (!given.min_time) b->MinTime(0.5);
     }
   };
   setup(benchmark::RegisterBenchmark("memcpy", BM_Memcpy));
@@ -360,16 +376,60 @@ void register_all() {
   setup(benchmark::RegisterBenchmark("amax_all_kernel", BM_ReduceKernel, ReduceOp::kMax, 0));
 }
 
+// True when `arg` is Google Benchmark's `flag`, as --flag or --flag=value.
+bool is_flag(const char* arg, const char* flag) {
+  const size_t n = std::strlen(flag);
+  return std::strncmp(arg, flag, n) == 0 && (arg[n] == '\0' || arg[n] == '=');
+}
+
+// --benchmark_color's value, read as Google Benchmark reads it; the table is printed by
+// our reporter, which does not see the flag.
+benchmark::ConsoleReporter::OutputOptions console_options(const char* color) {
+  std::string value = color == nullptr ? "auto" : color;
+  const bool colored = value == "auto" ? isatty(STDOUT_FILENO) != 0
+                                       : (value == "true" || value == "yes" || value == "1" || value == "force");
+  return colored ? benchmark::ConsoleReporter::OO_Defaults : benchmark::ConsoleReporter::OO_Tabular;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<char*> args;
+  GivenFlags given;
+  const char* color = nullptr;
   for (int i = 0; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--smoke") == 0) {
+    const char* arg = argv[i];
+    if (std::strcmp(arg, "--smoke") == 0) {
       g_smoke = true;
-    } else {
-      args.push_back(argv[i]);
+      continue;
     }
+    if (i > 0 && (std::strcmp(arg, "--help") == 0 || std::strcmp(arg, "-h") == 0)) {
+      // Ours first; Google Benchmark's Initialize then prints its flags and exits.
+      std::printf("bench_tensor_ops: CPU kernel benchmarks (memcpy, GEMM vs OpenBLAS, elementwise, reductions),\n"
+                  "each result checked (exit 1 on a wrong element), then a table of ratios to the ceilings.\n"
+                  "  --smoke   tiny sizes, 2 iterations, 1 repetition (the bench-smoke ctest)\n"
+                  "  default   full sizes; per benchmark 5 repetitions (medians), 0.5 s minimum time and\n"
+                  "            0.2 s warm-up, each replaced by its --benchmark_repetitions, --benchmark_min_time\n"
+                  "            or --benchmark_min_warmup_time when given\n"
+                  "  --benchmark_format: console only (the table is this program's); JSON with\n"
+                  "            --benchmark_out=FILE --benchmark_out_format=json\n"
+                  "Google Benchmark's flags:\n");
+      std::fflush(stdout);
+    }
+    given.repetitions |= is_flag(arg, "--benchmark_repetitions");
+    given.min_time |= is_flag(arg, "--benchmark_min_time");
+    given.min_warmup_time |= is_flag(arg, "--benchmark_min_warmup_time");
+    given.aggregates_only |= is_flag(arg, "--benchmark_report_aggregates_only");
+    if (is_flag(arg, "--benchmark_color")) {
+      const char* value = std::strchr(arg, '=');
+      color = value != nullptr ? value + 1 : "true";
+    }
+    if (is_flag(arg, "--benchmark_format") && std::strcmp(arg, "--benchmark_format=console") != 0) {
+      std::fprintf(stderr, "bench_tensor_ops: %s: the console table is this program's own; for JSON or CSV add "
+                           "--benchmark_out=FILE --benchmark_out_format=json (or csv) instead\n", arg);
+      return 2;
+    }
+    args.push_back(argv[i]);
   }
   int n = static_cast<int>(args.size());
 #ifdef RINGTRAIN_HAVE_OPENBLAS
@@ -379,8 +439,8 @@ int main(int argc, char** argv) {
 #endif
   benchmark::Initialize(&n, args.data());
   if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 2;
-  register_all();
-  RatioReporter reporter;
+  register_all(given);
+  RatioReporter reporter(console_options(color));
   const size_t ran = benchmark::RunSpecifiedBenchmarks(&reporter);
   if (ran == 0) {
     // A filter that matches nothing: no figure, and no check, to report.
