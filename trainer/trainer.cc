@@ -362,6 +362,11 @@ FitResult Trainer::run_fit(TrainingModule& module, std::shared_ptr<const data::D
   // them a resumed run would draw other masks than an uninterrupted one.
   for (auto& [name, gen] : model->named_generators()) targets.extra_generators.emplace_back("model." + name, gen);
   int64_t start_epoch = 0, global_step = 0, skip_batches = 0;
+  // The running train_loss sum and count of the epoch in progress (rank 0's batches; the
+  // metrics row reports their mean). Saved with a checkpoint taken inside an epoch and
+  // restored with it, so an epoch a signal cut reports the same mean as an uninterrupted one.
+  double epoch_loss_sum = 0;
+  int64_t epoch_loss_count = 0;
   if (!o.checkpoint_dir.empty()) {
     checkpoints = std::make_unique<nn::CheckpointManager>(o.checkpoint_dir, o.keep_last);
     // Rank 0 chooses the checkpoint and every rank loads that one: ranks choosing on
@@ -429,6 +434,17 @@ FitResult Trainer::run_fit(TrainingModule& module, std::shared_ptr<const data::D
                         saved_layout.dump().c_str(), data_layout.dump().c_str(), (long long)info->progress.epoch);
           skip_batches = 0;
         }
+        if (skip_batches > 0) {
+          const nlohmann::json saved = info->extra.value("epoch_loss", nlohmann::json());
+          // (a sum that was not finite was written as null)
+          if (saved.is_object() && saved.contains("count") && saved["count"].is_number_integer() &&
+              saved["count"].get<int64_t>() > 0 && saved.contains("sum") &&
+              (saved["sum"].is_number() || saved["sum"].is_null())) {
+            epoch_loss_count = saved["count"].get<int64_t>();
+            epoch_loss_sum = saved["sum"].is_number() ? saved["sum"].get<double>()
+                                                      : std::numeric_limits<double>::quiet_NaN();
+          }
+        }
         if (info->extra.contains("scaler")) scaler.load_state_dict(info->extra["scaler"]);
         result.skipped_steps = info->extra.value("skipped_steps", int64_t{0});
       }
@@ -465,6 +481,10 @@ FitResult Trainer::run_fit(TrainingModule& module, std::shared_ptr<const data::D
     checkpoints->save(targets, {epoch, global_step},
                       nlohmann::json{{"batches_into_epoch", batches_into_epoch},
                                      {"data_layout", data_layout},
+                                     {"epoch_loss", batches_into_epoch > 0
+                                                        ? nlohmann::json{{"sum", epoch_loss_sum},
+                                                                         {"count", epoch_loss_count}}
+                                                        : nlohmann::json{{"sum", 0.0}, {"count", 0}}},
                                      {"scaler", scaler.state_dict()},
                                      {"skipped_steps", result.skipped_steps}});
   };
@@ -528,8 +548,11 @@ FitResult Trainer::run_fit(TrainingModule& module, std::shared_ptr<const data::D
     auto run = train_loader.epoch(std::min(skip_batches, train_loader.num_batches()));
     const int64_t batches = run.num_batches();
     int64_t index = std::min(skip_batches, batches), micro = 0;
-    double loss_sum = 0, step_loss_sum = 0;  // over the epoch; over this step's micro-batches
-    int64_t loss_count = 0;
+    // Over the epoch (a resumed one continues its checkpoint's sum); over this step's micro-batches.
+    double& loss_sum = epoch_loss_sum;
+    int64_t& loss_count = epoch_loss_count;
+    if (index == 0) loss_sum = 0, loss_count = 0;
+    double step_loss_sum = 0;
     auto epoch_start = Clock::now();
     while (auto batch = run.next()) {
       ++index;

@@ -467,6 +467,53 @@ TEST(TrainerTest, SignalBeforeTheFirstStepStopsWithoutTraining) {
   fs::remove_all(dir);
 }
 
+// The train_loss column of a metrics CSV, one entry per epoch row (with its epoch and step).
+std::vector<std::string> train_loss_rows(const fs::path& csv) {
+  std::ifstream in(csv);
+  std::vector<std::string> rows;
+  std::string line;
+  std::getline(in, line);  // header: epoch,step,train_loss,seconds,lr
+  EXPECT_EQ(line.rfind("epoch,step,train_loss,", 0), 0u) << line;
+  while (std::getline(in, line)) {
+    size_t third = line.find(',', line.find(',') + 1);
+    rows.push_back(line.substr(0, line.find(',', third + 1)));  // "epoch,step,train_loss"
+  }
+  return rows;
+}
+
+// The metrics row of an epoch that a walltime signal cut and a resumed run finished
+// reports the mean loss over the whole epoch, as an uninterrupted run does. It used to
+// be the mean over the batches after the resume only, and 0 when the signal came at the
+// epoch's last batch (the resumed epoch then trained none): a jump in the curve at
+// every requeue.
+TEST(TrainerTest, AnEpochCutByASignalReportsTheWholeEpochsTrainLoss) {
+  fs::path dir = fresh_dir("rt_trainer_epoch_loss");
+  fs::create_directories(dir);
+  auto data = blobs(160, 5);  // 10 steps per epoch
+  BlobClassifier straight(7);
+  Trainer(quiet({.max_epochs = 2, .batch_size = 16, .metrics_csv = (dir / "straight.csv").string()}))
+      .fit(straight, data);
+  const std::vector<std::string> expected = train_loss_rows(dir / "straight.csv");
+  ASSERT_EQ(expected.size(), 2u);
+  for (int64_t stop_at : {6, 10}) {  // inside epoch 0; at its last batch
+    SCOPED_TRACE("signal at step " + std::to_string(stop_at));
+    const fs::path csv = dir / ("cut" + std::to_string(stop_at) + ".csv");
+    const std::string ckpt = (dir / ("ckpt" + std::to_string(stop_at))).string();
+    BlobClassifier first(7);
+    FitResult cut = Trainer(quiet({.max_epochs = 2, .batch_size = 16, .checkpoint_dir = ckpt,
+                                   .metrics_csv = csv.string(), .simulate_signal_at_step = stop_at}))
+                        .fit(first, data);
+    ASSERT_TRUE(cut.stopped_early);
+    BlobClassifier second(7);
+    FitResult resumed =
+        Trainer(quiet({.max_epochs = 2, .batch_size = 16, .checkpoint_dir = ckpt, .metrics_csv = csv.string()}))
+            .fit(second, data);
+    EXPECT_FALSE(resumed.resumed_from.empty());
+    EXPECT_EQ(train_loss_rows(csv), expected);
+  }
+  fs::remove_all(dir);
+}
+
 // Inside a SLURM job (SLURM_JOB_ID set) with a fake scontrol that records its arguments.
 class InsideASlurmJob {
  public:
