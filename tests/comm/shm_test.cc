@@ -1,7 +1,7 @@
 // Single-process tests of the shared-memory pieces: the slot layout read from
 // RINGTRAIN_SHM_SLOT_BYTES / RINGTRAIN_SHM_SLOTS / RINGTRAIN_SHM_STREAMING_STORES, the
 // slot copy routines, ShmSegment's cleanup, and the sliced waits of the rendezvous
-// (wait_in_slices, also PeerMesh's setup).
+// (wait_in_slices, also PeerMesh's setup, whose deadline is checked here too).
 #include <gtest/gtest.h>
 
 #include <sys/mman.h>
@@ -295,6 +295,27 @@ TEST(ShareShmSegments, AMappingTimeoutNamesTheRankThatDidNotMap) {
   EXPECT_NE(error.find("1 of 2 ranks had"), std::string::npos) << error;
   EXPECT_NE(error.find("rank 3 waited"), std::string::npos) << error;
   EXPECT_FALSE(std::filesystem::exists("/dev/shm" + prefix + "-r0")) << "its own name was left behind";
+}
+
+// PeerMesh's setup gives up at its deadline, not a slice after it: a group of 2 whose
+// rank 1 never comes, with 600 ms to form (slices of 250 ms: an unclipped last slice
+// would end 150 ms late), fails naming rank 1 within the deadline and a little.
+TEST(PeerMeshSetup, GivesUpAtItsDeadlineNamingTheRankThatNeverCame) {
+  StoreServer server("127.0.0.1", 0, "t");
+  Store store("127.0.0.1", server.port(), "t");
+  const auto limit = std::chrono::milliseconds(600);
+  const Deadline start = Clock::now();
+  std::string error = "(no error)";
+  try {
+    PeerMesh mesh(store, "mesh-test", /*rank=*/0, /*size=*/2, /*world_ranks=*/{0, 1}, "token", "tcp",
+                  start + limit, [](const std::string&) {});
+  } catch (const CommTimeoutError& e) {
+    error = e.what();
+  }
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+  EXPECT_NE(error.find("rank 1 of 2 did not join"), std::string::npos) << error;
+  EXPECT_GE(took, limit - std::chrono::milliseconds(50));  // (millis_until rounds down)
+  EXPECT_LT(took, limit + std::chrono::milliseconds(100)) << "setup overran its deadline";
 }
 
 }  // namespace
