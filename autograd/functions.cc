@@ -350,10 +350,13 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
                 });
 }
 
-// masked_fill: mask ? value : a  ->  g where !mask
+// masked_fill: mask ? value : a  ->  g where !mask, summed back to a's shape (a mask with
+// more or larger dims broadcasts a, as in PyTorch)
 Tensor masked_fill(const Tensor& a, const Tensor& mask, double value) {
   return record("masked_fill", {a}, rt::masked_fill(a, mask, value), {mask},
-                [](const Tensor& g, Ctx& c) -> Grads { return {rt::masked_fill(g, c.saved(0), 0.0)}; });
+                [sa = a.shape()](const Tensor& g, Ctx& c) -> Grads {
+                  return {unbroadcast(rt::masked_fill(g, c.saved(0), 0.0), sa)};
+                });
 }
 
 // ============================================================ reductions

@@ -98,6 +98,13 @@ TEST(GradcheckOps, WhereMaskedFill) {
   Tensor cond = gt(Tensor::from_vector<double>({1, 0, 1, 1, 0, 0, 1, 0, 1, 1, 0, 1}, {3, 4}), 0.5);
   expect_gradcheck("where", [&](const Inputs& x) { return ag::where(cond, x[0], x[1]); }, in);
   expect_gradcheck("masked_fill", [&](const Inputs& x) { return ag::masked_fill(x[0], cond, 7.0); }, in);
+  // A mask larger than the input broadcasts it ([4] -> [3, 4]): the gradient is summed back.
+  // (The rule returned the [3, 4] gradient, which the engine rejected for the [4] input.)
+  expect_gradcheck("masked_fill broadcasting mask", [&](const Inputs& x) { return ag::masked_fill(x[1], cond, 7.0); },
+                   in);
+  expect_gradcheck("masked_fill column mask", [&](const Inputs& x) {
+    return ag::masked_fill(x[0], gt(Tensor::from_vector<double>({1, 0, 1}, {3, 1}), 0.5), -1.0);
+  }, in);
 }
 
 TEST(GradcheckOps, Reductions) {
