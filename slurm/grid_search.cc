@@ -269,8 +269,13 @@ std::vector<GridRun> plan_grid(const GridSpec& spec) {
   if (spec.command.find_first_not_of(" ") == std::string::npos) {
     throw SlurmError("grid: command is empty; give the program each run starts (--command or \"command\")");
   }
-  if (spec.job_name.empty() || spec.job_name.find_first_of(" \t\n'\"") != std::string::npos) {
-    throw SlurmError("grid: job_name '" + spec.job_name + "' must be non-empty without spaces or quotes");
+  // The name goes into "#SBATCH --job-name=...", which sbatch reads itself (not a shell):
+  // there an unescaped '#' starts a comment (the name would be cut there) and a backslash
+  // escapes the next character.
+  if (spec.job_name.empty() || spec.job_name.find_first_of(" \t\n'\"#\\") != std::string::npos) {
+    throw SlurmError("grid: job_name '" + spec.job_name +
+                     "' must be non-empty without spaces, quotes, '#' or '\\' (on the #SBATCH --job-name "
+                     "line sbatch reads '#' as the start of a comment and would cut the name there)");
   }
   if (spec.output_root.empty()) throw SlurmError("grid: output_root is empty");
   check_no_control_characters(spec.output_root, "output_root");

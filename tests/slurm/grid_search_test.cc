@@ -278,6 +278,13 @@ TEST(GridSearch, ErrorsNameTheProblem) {
   GridSpec reserved;
   reserved.params = {{"time", {"1"}}};
   expect([&] { plan_grid(reserved); }, "reserved");
+  // sbatch reads "#SBATCH --job-name=exp#2-0" as --job-name=exp (the rest is a comment)
+  GridSpec hash = golden_spec();
+  hash.job_name = "exp#2";
+  expect([&] { plan_grid(hash); }, "job_name 'exp#2' must be non-empty without spaces, quotes, '#' or '\\'");
+  GridSpec backslash = golden_spec();
+  backslash.job_name = "exp\\2";
+  expect([&] { plan_grid(backslash); }, "'#' or '\\'");
 }
 
 // A newline in a value used to reach the script raw through {{run_values}} (the comment
