@@ -46,7 +46,8 @@ struct Edge {
 };
 
 // A tensor's gradient hook: receives the gradient, returns the gradient to use
-// (return the argument unchanged to only observe it).
+// (return the argument unchanged to only observe it). A replacement must have the
+// gradient's shape, dtype and device; backward throws naming the hook otherwise.
 using GradHook = std::function<Tensor(const Tensor& grad)>;
 // Runs after a leaf's .grad has been updated; receives the leaf itself.
 using PostAccumulateGradHook = std::function<void(const Tensor& leaf)>;

@@ -21,6 +21,7 @@
 // updated in place (add_), and AccumulateGrad "steals" a gradient nobody else
 // references as the leaf's .grad instead of copying it (as PyTorch does).
 #include <queue>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -77,6 +78,18 @@ struct ReadyEntry {
   bool operator<(const ReadyEntry& other) const { return sequence_nr < other.sequence_nr; }
 };
 
+// A grad hook's replacement must look like the gradient it replaces: the rules and
+// AccumulateGrad compute with it next to tensors of the original dtype and device, where
+// a mismatch would fail inside some op (or, at a fresh leaf, be converted silently).
+void check_hook_result(const Tensor& replaced, const Tensor& g, const std::string& where) {
+  RT_CHECK(replaced.defined() && replaced.shape() == g.shape() && replaced.dtype() == g.dtype() &&
+               replaced.device() == g.device(),
+           "autograd: a grad hook on ", where, " returned ",
+           replaced.defined() ? replaced.describe() : "an undefined tensor", " for the gradient ", g.describe(),
+           "; a hook must return a tensor of the gradient's shape, dtype and device (return the "
+           "argument itself to only observe it)");
+}
+
 void check_grad_matches(const Node& node, size_t i, const Tensor& g) {
   RT_CHECK(g.shape() == node.input_shapes[i], "autograd: the backward of ", node.name(),
            " produced a gradient of shape ", shape_str(g.shape()), " for input ", i,
@@ -104,9 +117,9 @@ std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad) {
   // Copy: a hook may register or remove hooks (a one-shot hook removes itself).
   const auto grad_hooks = m.grad_hooks;
   for (auto& [id, hook] : grad_hooks) {
-    g = hook(g);
-    RT_CHECK(g.defined() && g.shape() == variable_.shape(), "autograd: a grad hook on leaf ",
-             variable_.describe(), " returned ", g.defined() ? g.describe() : "an undefined tensor");
+    Tensor replaced = hook(g);
+    check_hook_result(replaced, g, "leaf " + variable_.describe());
+    g = std::move(replaced);
   }
   if (!m.grad.defined() && m.grad_destination.defined()) {
     // A preallocated destination (set_grad_destination): the rule that produced `g`
@@ -208,9 +221,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
       const auto pre_hooks = node->pre_hooks;  // copy: a hook may register or remove hooks
       for (auto& [id, hook] : pre_hooks) {
         Tensor replaced = hook(g);
-        RT_CHECK(replaced.defined() && replaced.shape() == g.shape(), "autograd: a grad hook on the "
-                 "output of ", node->name(), " returned ",
-                 replaced.defined() ? replaced.describe() : "an undefined tensor", " for ", g.describe());
+        check_hook_result(replaced, g, "the output of " + node->name());
         g = std::move(replaced);
       }
       if (node->retain_grad_hook) node->retain_grad_hook(g);  // after every hook

@@ -117,6 +117,32 @@ TEST(Engine, CompositeOpsNameThemselvesInTheirErrors) {
   EXPECT_EQ(values(ag::linear(x, table, zeros({3}))), (std::vector<float>{3, 7, 11, 3, 7, 11, 3, 7, 11, 3, 7, 11}));
 }
 
+// A grad hook that returns another dtype (or shape) is named with the hook, wherever it sits.
+// It used to be converted silently on a leaf without .grad, to fail in add_ on a leaf with one,
+// and to fail inside the next rule ("mul: operands have different dtypes") on a non-leaf.
+TEST(Engine, AHookThatChangesTheGradientsDtypeIsNamed) {
+  auto to_double = [](const Tensor& g) { return g.to(DType::kFloat64); };
+  Tensor fresh = param({1, 2, 3}, {3});
+  autograd::register_hook(fresh, to_double);
+  expect_error([&] { backward(ag::sum(ag::mul(fresh, 2.0))); },
+               {"grad hook on leaf float32[3]", "returned float64[3]", "dtype"});
+  EXPECT_FALSE(grad(fresh).defined());
+
+  Tensor accumulated = param({1, 2, 3}, {3});
+  autograd::set_grad(accumulated, zeros({3}));
+  autograd::register_hook(accumulated, to_double);
+  expect_error([&] { backward(ag::sum(ag::mul(accumulated, 2.0))); }, {"grad hook on leaf", "float64[3]"});
+  EXPECT_EQ(values(grad(accumulated)), (std::vector<float>{0, 0, 0}));
+
+  Tensor x = param({1, 2, 3}, {3});
+  Tensor y = ag::exp(x);
+  autograd::register_hook(y, to_double);
+  expect_error([&] { backward(ag::sum(y)); }, {"grad hook on the output of exp", "float64[3]", "float32[3]"});
+  Tensor z = ag::mul(x, 3.0);
+  autograd::register_hook(z, [](const Tensor& g) { return g.reshape({3, 1}); });
+  expect_error([&] { backward(ag::sum(z)); }, {"grad hook on the output of mul", "float32[3, 1]"});
+}
+
 TEST(Engine, RetainGraphAllowsSecondBackward) {
   Tensor x = param({1, 2}, {2});
   Tensor loss = ag::sum(ag::mul(x, x));
