@@ -45,22 +45,21 @@ bool LossScaler::any_rank(bool flag) const {
 }
 
 bool LossScaler::unscale_(const std::vector<Tensor>& grads) {
-  RT_CHECK(!unscaled_, "LossScaler::unscale_: already called since the last update(); "
-                       "call it at most once per step");
   for (const Tensor& grad : grads)
     RT_CHECK(!grad.defined() || is_floating_point(grad.dtype()), "LossScaler::unscale_: gradient ", grad.describe(),
              " is not floating-point; pass the parameters' gradients");
-  if (options_.enabled) {
-    // As GradScaler: dividing float16 gradients in place by the scale flushes the small ones
-    // to zero (the very values scaling exists to keep). O2 keeps float32 master gradients.
-    for (const Tensor& grad : grads)
-      RT_CHECK(!grad.defined() || grad.dtype() != DType::kFloat16,
-               "LossScaler::unscale_: gradient ", grad.describe(), " is float16; unscaling it in place "
-               "would flush small values to zero. Keep float32 gradients (autocast with float32 weights), "
-               "or unscale float32 master gradients (ddp::MasterWeights::copy_grads_to_masters)");
-  }
-  unscaled_ = true;
+  // Disabled, as GradScaler: nothing to undo and no per-step state, so no once-per-step rule.
   if (!options_.enabled) return found_inf_ = false;
+  RT_CHECK(!unscaled_, "LossScaler::unscale_: already called since the last update(); "
+                       "call it at most once per step");
+  // As GradScaler: dividing float16 gradients in place by the scale flushes the small ones
+  // to zero (the very values scaling exists to keep). O2 keeps float32 master gradients.
+  for (const Tensor& grad : grads)
+    RT_CHECK(!grad.defined() || grad.dtype() != DType::kFloat16,
+             "LossScaler::unscale_: gradient ", grad.describe(), " is float16; unscaling it in place "
+             "would flush small values to zero. Keep float32 gradients (autocast with float32 weights), "
+             "or unscale float32 master gradients (ddp::MasterWeights::copy_grads_to_masters)");
+  unscaled_ = true;
   const double inverse = 1.0 / scale_;
   bool local_inf = false;
   for (const Tensor& grad : grads) {
@@ -75,6 +74,12 @@ bool LossScaler::unscale_(const std::vector<Tensor>& grads) {
 }
 
 bool LossScaler::step(const std::vector<Tensor>& grads, const std::function<void()>& optimizer_step) {
+  if (!options_.enabled) {  // as GradScaler: just the optimizer step, every time
+    unscale_(grads);        // (only checks the gradients' dtypes)
+    last_step_skipped_ = false;
+    optimizer_step();
+    return true;
+  }
   // As GradScaler: a second step() would step the optimizer again on the same gradients.
   RT_CHECK(!stepped_, "LossScaler::step: already called since the last update(); call update() "
                       "after every step()");

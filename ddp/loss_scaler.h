@@ -37,7 +37,9 @@ struct LossScalerOptions {
   double growth_factor = 2.0;     // scale *= this after growth_interval clean steps
   double backoff_factor = 0.5;    // scale *= this on a step with inf/NaN
   int64_t growth_interval = 2000; // clean steps in a row before growing
-  bool enabled = true;            // false: scale() and unscale_() are identities, step() always steps
+  // false: scale() and unscale_() are identities, step() always steps, and no call order
+  // is enforced (update() may be left out), as with GradScaler(enabled=False)
+  bool enabled = true;
 };
 
 class LossScaler {
@@ -48,8 +50,8 @@ class LossScaler {
 
   // loss * scale, in the loss's dtype, recorded by autograd (backward through it).
   Tensor scale(const Tensor& loss) const;
-  // Divides every gradient by the scale in place (once per step; a second call
-  // before update() throws) and records whether any rank saw inf/NaN.
+  // Divides every gradient by the scale in place (once per step when enabled; a
+  // second call before update() throws) and records whether any rank saw inf/NaN.
   // Undefined tensors in `grads` (parameters without a gradient) are skipped.
   // Returns the agreed found-inf flag.
   bool unscale_(const std::vector<Tensor>& grads);

@@ -126,6 +126,26 @@ TEST(LossScalerTest, DisabledIsTheIdentity) {
   EXPECT_EQ(scaler.get_scale(), 65536.0);
 }
 
+// As GradScaler(enabled=False), whose unscale_, step and update return before touching
+// any state: a disabled scaler steps every time, with or without update() in between
+// (a bf16 or float32 loop that leaves out the no-op update()). Before, its second step()
+// threw "already called since the last update()" and did not step.
+TEST(LossScalerTest, DisabledStepsEveryTimeWithoutUpdate) {
+  LossScalerOptions options;
+  options.enabled = false;
+  LossScaler scaler(options);
+  Tensor grad = full({2}, 3.0);
+  int steps = 0;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_FALSE(scaler.unscale_({grad}));
+    EXPECT_TRUE(scaler.step({grad}, [&] { ++steps; })) << "step " << i;
+  }
+  EXPECT_EQ(steps, 3);
+  EXPECT_EQ(grad.to_vector<float>(), (std::vector<float>{3, 3}));  // never divided
+  EXPECT_THROW(scaler.step({ones({1}).to(DType::kInt64)}, [&] { ++steps; }), Error);  // still checked
+  EXPECT_EQ(steps, 3);
+}
+
 TEST(LossScalerTest, StateDictRoundTripsAndRejectsGarbage) {
   LossScalerOptions options;
   options.growth_interval = 2;
