@@ -38,6 +38,8 @@ constexpr int kFormatVersion = 1;
 constexpr const char* kModelPrefix = "model.";
 constexpr const char* kOptimizerPrefix = "optimizer.";
 constexpr const char* kExtraPrefix = "extra.";
+// The JSON record's checksum field: CRC-32 of the record's compact dump without it.
+constexpr const char* kRecordCrcKey = "record_crc32";
 
 std::string json_path(const std::string& stem) { return stem + ".json"; }
 std::string tensors_path(const std::string& stem) { return stem + ".safetensors"; }
@@ -94,6 +96,18 @@ json read_record(const std::string& stem) {
   need(m.contains("version") && m["version"].is_number_integer() && m["version"] == kFormatVersion,
        "unsupported checkpoint version " + m.value("version", json()).dump() + " (this build reads " +
            std::to_string(kFormatVersion) + ")");
+  // The record's own checksum: the tensors' CRC does not cover the record, and a flipped
+  // digit in it (the step, an RNG offset, a learning rate, the batch to resume at) still
+  // parses and would load silently. Records written before it existed have none.
+  if (m.contains(kRecordCrcKey)) {
+    need(m[kRecordCrcKey].is_number_unsigned(), std::string("\"") + kRecordCrcKey + "\" is not an unsigned integer");
+    json body = m;
+    body.erase(kRecordCrcKey);
+    need(crc32_of(body.dump()) == m[kRecordCrcKey].get<uint64_t>(),
+         std::string("corrupt: the record's contents do not match its CRC-32 (\"") + kRecordCrcKey +
+             "\"); it was damaged or edited. To load an edited record on purpose, delete its \"" +
+             kRecordCrcKey + "\" line");
+  }
   need(m.contains("epoch") && m["epoch"].is_number_integer() && m.contains("step") &&
            m["step"].is_number_integer(),
        "missing integer \"epoch\"/\"step\"");
@@ -202,6 +216,8 @@ void save_checkpoint(const std::string& stem, const CheckpointTargets& targets, 
   meta["tensors_file"] = fs::path(tpath).filename().string();
   meta["tensors_bytes"] = written->size();
   meta["tensors_crc32"] = crc32_of(*written);
+  // Last: the checksum of everything above (read_record recomputes it the same way).
+  meta[kRecordCrcKey] = crc32_of(meta.dump());
   write_file_atomically(json_path(stem), meta.dump(2) + "\n");
 }
 

@@ -13,14 +13,17 @@
 //   ckpt-0000001200.json         everything else: format version, epoch, step, the
 //                                optimizer's hyperparameters and step counts, the LR
 //                                schedule, the RNG (seed, offset), the model's key
-//                                list with shapes and dtypes, user extras, and the
-//                                size and CRC-32 of the .safetensors file.
+//                                list with shapes and dtypes, user extras, the
+//                                size and CRC-32 of the .safetensors file, and the
+//                                record's own CRC-32 ("record_crc32", over its compact
+//                                dump without that field; a record without it, from an
+//                                older build or edited on purpose, is read unchecked).
 //
 // Atomicity: both files are written with write_file_atomically (temp file, fsync,
 // rename, directory fsync), tensors first, JSON last. The JSON is the commit
-// record: a checkpoint exists when its JSON does, and it is valid when the
-// .safetensors file it names has the recorded size and CRC. A crash at any point
-// leaves either the previous checkpoint or the complete new one.
+// record: a checkpoint exists when its JSON does, and it is valid when the record
+// matches its own CRC and the .safetensors file it names has the recorded size and
+// CRC. A crash at any point leaves either the previous checkpoint or the complete new one.
 //
 // Loading validates everything first (both files, model keys and shapes, the
 // optimizer's type, groups and state shapes, the schedule's whole state) and only

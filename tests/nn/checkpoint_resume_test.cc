@@ -140,6 +140,13 @@ class CheckpointTest : public ::testing::Test {
   fs::path dir_;
 };
 
+// A record as a person editing it on purpose (or a build from before the record had
+// its own checksum) leaves it: without "record_crc32", so it is read unchecked.
+std::string without_record_crc(nlohmann::json record) {
+  record.erase("record_crc32");
+  return record.dump();
+}
+
 void resume_matches_uninterrupted(const fs::path& dir, bool adam) {
   const int total = 5, stop_at = 2;
   TrainingRun straight(1, adam);
@@ -263,6 +270,39 @@ TEST_F(CheckpointTest, CorruptAndTruncatedCheckpointsAreRejectedAndSkipped) {
   expect_ckpt_error([&] { read_checkpoint_info((dir_ / "nothing").string()); }, {"nothing.json", "not found"});
 }
 
+// The tensors' CRC does not cover the JSON record. A damaged digit there (step 13 read as
+// 93, a generator offset, the batch to resume at) still parses, and the checkpoint used to
+// load with it silently; the record now carries its own CRC-32.
+TEST_F(CheckpointTest, ADamagedDigitInTheRecordIsCaughtByItsOwnChecksum) {
+  TrainingRun run(1, false);
+  run.train_epoch();
+  CheckpointManager mgr(dir_.string(), 5);
+  const std::string good = mgr.save(run.targets(), {1, 13}, {{"batches_into_epoch", 0}});
+  run.train_epoch();
+  const std::string damaged = mgr.save(run.targets(), {2, 26}, {{"batches_into_epoch", 0}});
+  std::ifstream in(damaged + ".json");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  const size_t at = text.find("\n  \"step\": 26");  // the record's own step (indent 2), not an optimizer's
+  ASSERT_NE(at, std::string::npos) << text;
+  text[at + 11] = '9';  // "step": 96, still valid JSON
+  std::ofstream(damaged + ".json") << text;
+
+  expect_ckpt_error([&] { read_checkpoint_info(damaged); },
+                    {damaged + ".json", "corrupt", "do not match its CRC-32"});
+  TrainingRun other(7, false);
+  auto before = bits(other.model->named_parameters()[0].second);
+  expect_ckpt_error([&] { load_checkpoint(damaged, other.targets()); }, {"corrupt"});
+  EXPECT_EQ(before, bits(other.model->named_parameters()[0].second));
+  std::vector<std::string> skipped;
+  EXPECT_EQ(mgr.latest_valid(&skipped), good);  // the damaged one is skipped, and named
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_NE(skipped[0].find(damaged + ".json"), std::string::npos) << skipped[0];
+  // An edit on purpose loads once the checksum line is deleted (as a record of an older build).
+  std::ofstream(damaged + ".json") << without_record_crc(nlohmann::json::parse(text));
+  EXPECT_EQ(load_checkpoint(damaged, other.targets()).progress.step, 96);
+}
+
 // Rotation neither deletes nor counts a damaged checkpoint: with keep_last = 1, a bad
 // newest record once pushed out the last good checkpoint (and then the damaged one
 // went too), leaving nothing to resume from.
@@ -282,7 +322,7 @@ TEST_F(CheckpointTest, PruningLeavesDamagedCheckpointsAloneAndKeepsKGoodOnes) {
   // so it must not count toward keep_last either (s6 is kept beside it, not instead).
   nlohmann::json record = nlohmann::json::parse(std::ifstream(s5 + ".json"));
   record["version"] = 999;
-  std::ofstream(s5 + ".json") << record.dump();
+  std::ofstream(s5 + ".json") << without_record_crc(record);
   std::string s6 = mgr.save(run.targets(), {0, 6});
   EXPECT_TRUE(fs::exists(s6 + ".json"));
   for (const std::string& damaged : {s2, s3, s5}) {
@@ -434,7 +474,7 @@ TEST_F(CheckpointTest, TheNewestCheckpointsAreTheLastSavedWhateverTheirSteps) {
   // A record without a save sequence (written before it existed) counts as oldest.
   nlohmann::json legacy = read_checkpoint_info(s405).metadata;
   legacy.erase("save_sequence");
-  std::ofstream(s405 + ".json") << legacy.dump();
+  std::ofstream(s405 + ".json") << without_record_crc(legacy);
   EXPECT_EQ(mgr.list(), (std::vector<std::string>{s405, s450, s495}));
   const std::string s10 = mgr.save(run.targets(), {2, 10});  // starting over: step 10 is newest
   EXPECT_EQ(mgr.list(), (std::vector<std::string>{s450, s495, s10}));
@@ -502,7 +542,7 @@ TEST_F(CheckpointTest, AGeneratorStateOfAnotherTypeIsRefusedAndChangesNothing) {
   save_checkpoint(stem, targets, {0, 0});
   nlohmann::json record = nlohmann::json::parse(std::ifstream(stem + ".json"));
   record["rng_extra"]["augment"]["seed"] = "five";
-  std::ofstream(stem + ".json") << record.dump();
+  std::ofstream(stem + ".json") << without_record_crc(record);
   run.dropout.manual_seed(1234);
   a.manual_seed(4321);
   auto before = bits(run.model->named_parameters()[0].second);
@@ -572,7 +612,7 @@ TEST_F(CheckpointTest, AnInvalidSavedScheduleIsRefusedAndLoadsNothing) {
   save_checkpoint(stem, run.targets(), {1, run.step});
   nlohmann::json record = nlohmann::json::parse(std::ifstream(stem + ".json"));
   record["lr_scheduler"]["step_size"] = 0;  // lr_at would divide by zero
-  std::ofstream(stem + ".json") << record.dump();
+  std::ofstream(stem + ".json") << without_record_crc(record);
 
   TrainingRun other(7, false);
   auto before = bits(other.model->named_parameters()[0].second);
@@ -586,7 +626,7 @@ TEST_F(CheckpointTest, AnInvalidSavedScheduleIsRefusedAndLoadsNothing) {
   // A checkpoint written before the hyperparameters were saved loads, with this run's.
   record["lr_scheduler"].erase("step_size");
   record["lr_scheduler"].erase("gamma");
-  std::ofstream(stem + ".json") << record.dump();
+  std::ofstream(stem + ".json") << without_record_crc(record);
   TrainingRun three(7, false);
   three.sched = std::make_unique<StepLR>(*three.opt, 3, 0.5);
   CheckpointInfo info = load_checkpoint(stem, three.targets());
