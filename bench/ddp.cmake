@@ -5,11 +5,12 @@ if(TARGET ringtrain_ddp)
   target_link_libraries(ddp_step PRIVATE ringtrain::ddp CLI11::CLI11 nlohmann_json::nlohmann_json)
   target_compile_options(ddp_step PRIVATE -Wall -Wextra -Wno-unused-parameter)
   if(RINGTRAIN_BUILD_TESTS)
-    # bench-smoke: a tiny model; it exits 1 if the replicas differ or a DDP gradient is not
-    # the global batch's, and the test requires exit 0 as well as the output: the per-cap h
-    # reported, then the check (one expression: several would pass on any one of them).
+    # bench-smoke: a tiny model; it exits 1 if the replicas differ, a DDP gradient is not
+    # the global batch's or an allreduce timed alone (t_comm, which used to go unchecked)
+    # is not the average, and the test requires exit 0 as well as the output: the per-cap
+    # h reported, then the checks (one expression: several would pass on any one of them).
     ringtrain_add_checked_test(bench_ddp_step_smoke_mpirun_np2
-        EXPECT "best h over the cap sweep: -?[0-9.]+ at [0-9.]+ MiB.*#wrong = 0"
+        EXPECT "best h over the cap sweep: -?[0-9.]+ at [0-9.]+ MiB.*t_comm's allreduces equal to the average, every configuration: #wrong = 0"
         COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe -np 2
                 $<TARGET_FILE:ddp_step> --in-features 32 --width 64 --hidden 2 --batch 8
                 --warmup 1 --rounds 2 --steps 2 --sweep-mb 0.01 1)

@@ -30,8 +30,11 @@
 // process computes on the global batch (every rank's data, rebuilt from the seeds)
 // with the same weights, within 1e-4 of the largest gradient of that parameter (1e-3
 // on a GPU). Identical replicas alone would pass a sum instead of an average, or a
-// bucket written back to the wrong parameter on every rank. Any failure is counted
-// in #wrong and makes the program exit 1.
+// bucket written back to the wrong parameter on every rank. (3) t_comm's allreduces
+// run on known inputs: before each timed repetition (untimed) rank r's buckets are
+// filled with r + 1, and after it every element must be their average (n + 1) / 2,
+// exact in floating point. Any failure is counted in #wrong and makes the program
+// exit 1.
 // --trace FILE writes a Chrome trace (open in https://ui.perfetto.dev) of one
 // DDP step: backward's gradient-ready instants against the bucket allreduces.
 // --device cuda runs the model on GPU (local rank's index modulo the GPUs there):
@@ -282,6 +285,7 @@ int run(int argc, char** argv, std::shared_ptr<comm::ProcessGroup>& pg) {
     std::unique_ptr<nn::SGD> opt;
     std::vector<double> times, waits, comm_cpu, comm_times;
     double t_ms = 0, comm_wait_ms = 0, t_comm = 0, comm_cpu_ms = 0;
+    int64_t comm_wrong = 0;  // elements of t_comm's allreduces that were not the average
     size_t buckets = 0;
   };
   std::vector<Row> rows;
@@ -308,7 +312,23 @@ int run(int argc, char** argv, std::shared_ptr<comm::ProcessGroup>& pg) {
     row.opt->step();
     finish();
   };
-  // t_comm: the same buckets' allreduces alone, launched back to back.
+  // t_comm: the same buckets' allreduces alone, launched back to back, on known
+  // inputs: fill_buckets writes r + 1 into rank r's buckets (untimed; between steps the
+  // buckets hold nothing the next step reads), and buckets_wrong counts the elements
+  // that are not the average over the ranks, (n + 1) / 2.
+  auto fill_buckets = [&](Row& row) {
+    for (const auto& b : row.ddp->reducer().buckets()) {
+      Tensor flat = b.flat;
+      fill_(flat, rank + 1.0);
+    }
+    finish();
+  };
+  auto buckets_wrong = [&](Row& row) {
+    int64_t wrong_elements = 0;
+    for (const auto& b : row.ddp->reducer().buckets())
+      wrong_elements += static_cast<int64_t>(sum(ne(b.flat, (world + 1) / 2.0).to(DType::kFloat64)).item());
+    return wrong_elements;
+  };
   auto comm_only = [&](Row& row) {
     std::vector<comm::Work> works;
     for (const auto& b : row.ddp->reducer().buckets())
@@ -340,7 +360,11 @@ int run(int argc, char** argv, std::shared_ptr<comm::ProcessGroup>& pg) {
         row.comm_cpu.push_back(comm_cpu);
       }
       comm_only(row);
-      for (int i = 0; i < c.steps; ++i) row.comm_times.push_back(time_one_step(*pg, [&] { comm_only(row); }));
+      for (int i = 0; i < c.steps; ++i) {
+        fill_buckets(row);
+        row.comm_times.push_back(time_one_step(*pg, [&] { comm_only(row); }));
+        row.comm_wrong += buckets_wrong(row);
+      }
     }
   }
   const double t_local = median(local_times);
@@ -352,6 +376,11 @@ int run(int argc, char** argv, std::shared_ptr<comm::ProcessGroup>& pg) {
     pg->allreduce({&row.comm_cpu_ms, 1, DType::kFloat64, Device::cpu()}, comm::ReduceOp::kAvg).wait();
     row.buckets = row.ddp->reducer().buckets().size();
     wrong += replicas_differ(*pg, *row.model);
+    if (row.comm_wrong > 0) {
+      std::fprintf(stderr, "ddp_step: rank %d: %s (cap %.2f MiB): %lld elements of the t_comm allreduces were not the "
+                   "average over the ranks\n", rank, row.name.c_str(), row.cap_mb, static_cast<long long>(row.comm_wrong));
+      ++wrong;
+    }
   }
   {
     // The gradients themselves: one more DDP backward per configuration against one
@@ -428,8 +457,8 @@ int run(int argc, char** argv, std::shared_ptr<comm::ProcessGroup>& pg) {
     } else {
       std::printf("hidden fraction h: n/a (one rank communicates nothing)\n");
     }
-    std::printf("# replicas identical and DDP gradients equal to the global batch's, every configuration: "
-                "#wrong = %d\n", wrong);
+    std::printf("# replicas identical, DDP gradients equal to the global batch's and t_comm's allreduces equal to "
+                "the average, every configuration: #wrong = %d\n", wrong);
     if (!c.json_out.empty()) {
       nlohmann::json j = {{"world", world}, {"backend", c.backend}, {"device", device.str()}, {"t_local_ms", t_local},
                          {"h", world > 1 ? nlohmann::json(h) : nlohmann::json(nullptr)},
