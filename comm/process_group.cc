@@ -94,6 +94,9 @@ void ProcessGroup::stop() {
   if (context_.is_world) {
     try {
       const std::string key = context_.prefix + "/shutdown";
+      // Who checked out (wait_for_survivors asks), then how many (the count rank 0
+      // waits on when nothing failed).
+      context_.store->set(detail::concat(key, "/", context_.rank), "");
       context_.store->add(key, 1);
       if (context_.rank == 0 && !failed_) {
         context_.store->wait_at_least(key, context_.size, std::chrono::seconds(60));
@@ -125,8 +128,16 @@ void ProcessGroup::wait_for_survivors(const std::string& key) {
         if (context_.world_ranks[q] == dead) gone[q] = true;
       }
     }
-    int64_t expected = context_.size - std::count(gone.begin(), gone.end(), true);
-    if (context_.store->add(key, 0) >= expected) return;
+    // Done when every rank has checked out or is gone. Asked rank by rank, not by
+    // comparing the count with the ranks not gone: a rank named by a peer (dead_rank)
+    // may be alive and check out all the same (it aborted, it did not die), and
+    // counted twice it let rank 0 leave, with the store, while a survivor was still
+    // reading why its collective failed ("the store on rank 0 is unreachable too").
+    bool everyone = true;
+    for (int r = 0; r < context_.size && everyone; ++r) {
+      everyone = gone[r] || context_.store->try_get(detail::concat(key, "/", r)).has_value();
+    }
+    if (everyone) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }

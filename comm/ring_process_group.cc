@@ -64,10 +64,14 @@ class RingProcessGroup final : public ProcessGroup {
       std::fprintf(stderr, "ringtrain: warning: no symmetric memory for %zu bytes, using private memory: %s\n",
                    bytes, e.what());
       return nullptr;
-    } catch (const PeerLostError& e) {
-      // A member died or failed while the others waited for it: the group cannot go
-      // on, and is failed as split() fails it (else rank 0, at exit, would wait a
-      // minute for the dead member to check out).
+    } catch (const CommError& e) {
+      // A member died or failed while the others waited for it, or this rank gave up
+      // (a timeout: some rank never called allocate_symmetric; a peer's segment that
+      // would not open): the ranks no longer agree on where the group is, so it is
+      // failed as split() fails it. The peers then fail at once with this reason
+      // (comm.fault.allocate_symmetric_timeout_fails_the_group_np3), not later with
+      // "rank N died", and rank 0, at exit, does not wait a minute for a dead member
+      // to check out.
       abort(e.what());
       throw;
     }

@@ -47,6 +47,10 @@
 //                                 find its segment, map it, and wait for it to map theirs.
 //                                 Both modes print "rank R pid P" first (ringrun's /dev/shm
 //                                 cleanup test looks for files with those pids)
+//   comm_worker --mode symmetric_alone  rank --victim (env:// init, its RINGTRAIN_TIMEOUT_SEC
+//                                 set to 2 by the worker) calls allocate_symmetric() while the
+//                                 others wait in a barrier: its timeout must fail the group, so
+//                                 the others fail with its reason, not "rank 1 died"
 // Survivors print "rank R failed after X ms: <error>" and exit 3.
 #include <signal.h>
 #include <unistd.h>
@@ -80,12 +84,15 @@ int main(int argc, char** argv) {
   app.add_option("--mode", mode)->check(CLI::IsMember(
       {"check", "kill", "throw", "abort", "mismatch", "kill_before", "stall", "split_dead",
        "sub_mismatch", "abort_stuck_store", "reinit", "split_setup_failure", "split_mismatch",
-       "broadcast", "symmetric_dead", "symmetric_dead_mapping"}));
+       "broadcast", "symmetric_dead", "symmetric_dead_mapping", "symmetric_alone"}));
   app.add_option("--backend", backend);
   app.add_option("--init", init_method);
   app.add_option("--victim", victim);
   CLI11_PARSE(app, argc, argv);
 
+  if (mode == "symmetric_alone" && std::getenv("RANK") && std::atoi(std::getenv("RANK")) == victim) {
+    setenv("RINGTRAIN_TIMEOUT_SEC", "2", 1);  // the others keep the default (minutes)
+  }
   InitOptions options;
   options.backend = backend;
   options.init_method = init_method;
@@ -260,6 +267,20 @@ int main(int argc, char** argv) {
     if (rank != victim && mode == "symmetric_dead_mapping") std::this_thread::sleep_for(std::chrono::seconds(1));
     try {
       pg->allocate_symmetric(1 << 20);
+    } catch (const std::exception& e) {
+      return report(e);
+    }
+    std::cerr << "rank " << rank << ": no failure was observed" << std::endl;
+    return 0;
+  }
+  if (mode == "symmetric_alone") {
+    pg->barrier().wait();
+    try {
+      if (rank == victim) {
+        pg->allocate_symmetric(1 << 20);  // alone: times out after 2 s
+      } else {
+        pg->barrier().wait();  // where the victim is not: fails once the victim gives up
+      }
     } catch (const std::exception& e) {
       return report(e);
     }
