@@ -12,6 +12,14 @@
 namespace ringtrain::ddp {
 
 void write_chrome_trace(const std::string& path, const Reducer& reducer, double forward_ms, int rank) {
+  // StepStats::backward_ms is set at the end of a synced backward and reset to 0 when the
+  // next one is prepared (a synced forward); 0 also before the first. The picture would
+  // then be a backward of no length, the hooks of a step that never finished and no
+  // buckets: refuse it rather than write a trace that looks like a real step.
+  const StepStats& stats = reducer.last_stats();
+  RT_CHECK(stats.backward_ms > 0, "write_chrome_trace: the reducer has no finished synced step to draw (no "
+           "backward has finished since the last synced forward: it failed, or has not run yet); call it "
+           "right after a backward that returned, before the next forward");
   enum Lane { kCompute = 1, kGrads = 2, kComm = 3 };
   nlohmann::json events = nlohmann::json::array();
   auto lane_name = [&](int tid, const char* name) {
@@ -29,7 +37,6 @@ void write_chrome_trace(const std::string& path, const Reducer& reducer, double 
     if (!args.is_null()) e["args"] = std::move(args);
     events.push_back(std::move(e));
   };
-  const StepStats& stats = reducer.last_stats();
   span(kCompute, "forward", 0, forward_ms * 1000.0);
   span(kCompute, "backward", us(0), us(stats.backward_compute_ms));
   span(kCompute, "finalize: wait for allreduces", us(stats.backward_compute_ms), us(stats.backward_ms));

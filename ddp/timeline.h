@@ -19,7 +19,9 @@
 
 namespace ringtrain::ddp {
 
-// Writes the reducer's last synced step; `forward_ms` is drawn before backward.
+// Writes the reducer's last synced step; `forward_ms` is drawn before backward. Call it
+// after a backward that returned and before the next forward: otherwise (the backward
+// threw, or a synced forward prepared the next one) it throws Error and writes nothing.
 void write_chrome_trace(const std::string& path, const Reducer& reducer, double forward_ms, int rank);
 
 }  // namespace ringtrain::ddp
