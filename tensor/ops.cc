@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <tuple>
 #include <utility>
@@ -282,9 +283,35 @@ Tensor arange(double start, double end, double step, DType dtype, Device device)
   RT_CHECK(std::isfinite(start) && std::isfinite(end) && std::isfinite(step), "arange: start ", start,
            ", end ", end, " and step ", step, " must all be finite");
   RT_CHECK(step != 0, "arange: step must be nonzero (start ", start, ", end ", end, ")");
-  const double count = std::ceil((end - start) / step);
   // 2^53: beyond it doubles skip integers, and no memory holds that many elements anyway.
   constexpr double kMaxCount = 9007199254740992.0;
+  if (!is_floating_point(dtype)) {
+    // Integer dtypes, exactly in int64 (as PyTorch's int64 arange): start, end and step are
+    // truncated toward zero first. Values computed in double and then truncated repeated
+    // themselves (arange(-2.5, 2) gave -2, -1, 0, 0, 1) and skipped past 2^53 (2^53, 2^53, ...).
+    const int64_t lo = saturating_float_to_int<int64_t>(start), hi = saturating_float_to_int<int64_t>(end);
+    const int64_t st = saturating_float_to_int<int64_t>(step);
+    RT_CHECK(st != 0, "arange: step ", step, " truncates to 0 for the integer dtype ", dtype_name(dtype),
+             "; use a step of magnitude at least 1, or a floating dtype");
+    const __int128 span = static_cast<__int128>(hi) - lo;
+    __int128 count = span / st;  // rounded toward zero; up to the ceiling below
+    if (span % st != 0 && (span % st > 0) == (st > 0)) ++count;
+    if (count < 0) count = 0;
+    RT_CHECK(count <= static_cast<__int128>(kMaxCount), "arange: start ", start, ", end ", end, ", step ",
+             step, " give ", static_cast<double>(count), " elements, too many; use a larger step or a smaller range");
+    const int64_t n = static_cast<int64_t>(count);
+    Tensor values = Tensor::empty({n}, DType::kInt64, Device::cpu());
+    int64_t* v = values.data<int64_t>();
+    // Each value lies between lo and hi; i * st alone may not fit an int64 (lo < 0 < hi).
+    for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int64_t>(lo + static_cast<__int128>(i) * st);
+    if (dtype == DType::kInt32 && n > 0) {
+      const int64_t smallest = std::min(v[0], v[n - 1]), largest = std::max(v[0], v[n - 1]);
+      RT_CHECK(smallest >= std::numeric_limits<int32_t>::min() && largest <= std::numeric_limits<int32_t>::max(),
+               "arange: values from ", v[0], " to ", v[n - 1], " do not fit int32; use DType::kInt64");
+    }
+    return values.to(device, dtype);
+  }
+  const double count = std::ceil((end - start) / step);
   RT_CHECK(std::isfinite(count) && count <= kMaxCount, "arange: start ", start, ", end ", end,
            ", step ", step, " give ", count, " elements, too many; use a larger step or a smaller range");
   const int64_t n = count > 0 ? static_cast<int64_t>(count) : 0;

@@ -49,7 +49,10 @@ Tensor zeros_like(const Tensor& t);
 Tensor ones_like(const Tensor& t);
 Tensor full_like(const Tensor& t, double value);
 // [start, end) with `step`; the dtype decides integer or float values. The bounds and
-// step must be finite, step nonzero, and the count at most 2^53.
+// step must be finite, step nonzero, and the count at most 2^53. For an integer dtype,
+// start, end and step are first truncated toward zero (a step that becomes 0 throws) and
+// the values computed exactly in int64 (int32: they must fit, else it throws), as PyTorch's
+// int64 arange: arange(-2.5, 2) is -2, -1, 0, 1.
 Tensor arange(double start, double end, double step = 1.0, DType dtype = DType::kInt64,
               Device device = Device::cpu());
 Tensor scalar_tensor(double value, DType dtype = DType::kFloat32, Device device = Device::cpu());

@@ -233,6 +233,25 @@ TEST(Misuse, ArangeWithNonFiniteOrHugeBoundsThrowsRingtrainError) {
   EXPECT_EQ(arange(3, 0, -1.5, DType::kFloat32).to_vector<float>(), (std::vector<float>{3, 1.5f}));
 }
 
+// Integer aranges are computed exactly in int64 from the truncated bounds and step. Through
+// double and a truncation at the end they repeated values (arange(-2.5, 2): -2, -1, 0, 0, 1)
+// and, past 2^53, repeated and overshot end (2^53, 2^53, 2^53 + 2, 2^53 + 4 for [2^53, 2^53 + 4)).
+TEST(Misuse, IntegerArangeIsExact) {
+  using V = std::vector<int64_t>;
+  EXPECT_EQ(arange(-2.5, 2).to_vector<int64_t>(), (V{-2, -1, 0, 1}));
+  EXPECT_EQ(arange(0.5, 3.9, 1.5).to_vector<int64_t>(), (V{0, 1, 2}));
+  EXPECT_EQ(arange(5, 0, -2).to_vector<int64_t>(), (V{5, 3, 1}));
+  EXPECT_EQ(arange(0, 5, -1).numel(), 0);
+  const double two53 = 9007199254740992.0;
+  EXPECT_EQ(arange(two53, two53 + 4).to_vector<int64_t>(),
+            (V{9007199254740992, 9007199254740993, 9007199254740994, 9007199254740995}));
+  // The whole int64 range in two steps: i * step alone would overflow.
+  EXPECT_EQ(arange(-9e18, 9e18, 9e18).to_vector<int64_t>(), (V{-9000000000000000000, 0}));
+  EXPECT_EQ(arange(-3, 3, 2, DType::kInt32).to_vector<int32_t>(), (std::vector<int32_t>{-3, -1, 1}));
+  EXPECT_TRUE(throws_with([] { arange(0, 3, 0.5); }, {"arange", "step 0.5", "truncates to 0", "int64"}));
+  EXPECT_TRUE(throws_with([] { arange(0, 4e9, 1e9, DType::kInt32); }, {"arange", "3000000000", "int32"}));
+}
+
 TEST(Misuse, TransposeShorthandIsTwoDimsOnly) {
   EXPECT_TRUE(throws_with([] { zeros({2, 3, 4}).t(); }, {"Tensor::t", "[2, 3, 4]", "transpose"}));
   EXPECT_EQ(zeros({2, 3}).t().shape(), (Shape{3, 2}));
