@@ -21,8 +21,9 @@ class AutogradCuda : public ::testing::Test {
   const Device gpu_ = Device::cuda(0);
 };
 
-// An embedding index past the table, or a class target past the logits: on the CPU the
-// gather kernel throws; on the GPU it would read 0 and train on a wrong value silently.
+// An embedding index past the table, or a class target past the logits: the ops check
+// them on every device, because the GPU's gather kernel cannot throw and would read 0
+// and train on a wrong value silently.
 TEST_F(AutogradCuda, OutOfRangeIndicesAreNamedNotReadAsZero) {
   Tensor table = ones({4, 3}).to(gpu_);
   autograd::set_requires_grad(table);
