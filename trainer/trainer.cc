@@ -8,12 +8,15 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <limits>
 #include <set>
+#include <string>
 #include <tuple>
 
 #include "autograd/autocast.h"
@@ -33,12 +36,56 @@
 #include "slurm/requeue.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/ops.h"
+#include "tensor/safetensors.h"
 
 namespace ringtrain::trainer {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// A run that died without saving (kill -9, a node lost, the OOM killer) after its last
+// checkpoint had already logged the steps it trained since; resumed from that
+// checkpoint, it trains and logs them again. So before the resumed run appends, the
+// rows of a CSV log whose global step (column `step_column`) is past the checkpoint's
+// are removed, and every step and epoch keeps one row, as in an uninterrupted run. A
+// first line that is not a number (a header) stays; a last line without its newline
+// (cut by the crash) goes. Returns the number of lines removed (0: the file is missing
+// or was left as it was).
+int64_t drop_rows_logged_after(const std::string& path, size_t step_column, int64_t last_step) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return 0;
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string kept;
+  int64_t removed = 0;
+  size_t line_start = 0;
+  for (bool first = true; line_start < text.size(); first = false) {
+    const size_t newline = text.find('\n', line_start);
+    if (newline == std::string::npos) {  // the crash cut this line short
+      ++removed;
+      break;
+    }
+    const std::string line = text.substr(line_start, newline - line_start);
+    line_start = newline + 1;
+    size_t field_start = 0;
+    for (size_t c = 0; c < step_column && field_start != std::string::npos; ++c) {
+      field_start = line.find(',', field_start);
+      if (field_start != std::string::npos) ++field_start;
+    }
+    const char* begin = field_start == std::string::npos ? nullptr : line.c_str() + field_start;
+    char* end = nullptr;
+    const long long step = begin ? std::strtoll(begin, &end, 10) : 0;
+    const bool numeric = begin && end != begin && (*end == ',' || *end == '\0');
+    if ((first && !numeric) || (numeric && step <= last_step)) {
+      kept += line;
+      kept += '\n';
+    } else {
+      ++removed;
+    }
+  }
+  if (removed > 0) write_file_atomically(path, kept);
+  return removed;
+}
 
 // How the model is wrapped, after resolving "auto" against the environment.
 enum class Strategy { kNone, kDp, kDdp, kDdp2 };
@@ -459,6 +506,25 @@ FitResult Trainer::run_fit(TrainingModule& module, std::shared_ptr<const data::D
         // in PyTorch, so a resumed run with other settings keeps the saved curve. Say so.
         for (const std::string& note : info->notes) std::fprintf(stderr, "trainer: warning: %s\n", note.c_str());
       }
+    }
+  }
+  // Rows a crashed run logged after the checkpoint it is resumed from: trained again now.
+  if (global_zero && !result.resumed_from.empty()) {
+    const auto drop = [&](const std::string& path, size_t step_column) {
+      if (path.empty()) return;
+      if (const int64_t removed = drop_rows_logged_after(path, step_column, global_step); removed > 0) {
+        std::fprintf(stderr,
+                     "trainer: removed %lld line(s) of %s logged after step %lld, the checkpoint's (the run "
+                     "before stopped without saving them); they are trained and logged again\n",
+                     (long long)removed, path.c_str(), (long long)global_step);
+      }
+    };
+    if (step_log.is_open()) step_log.close();  // its file is replaced: opened again below
+    drop(o.step_log_csv, 0);                   // global_step,epoch,loss
+    drop(o.metrics_csv, 1);                    // epoch,step,train_loss,...
+    if (!o.step_log_csv.empty()) {
+      step_log.open(o.step_log_csv, std::ios::app);
+      RT_CHECK(step_log.good(), "Trainer: cannot write '", o.step_log_csv, "': ", std::strerror(errno));
     }
   }
   // A requeued job (SLURM_RESTART_COUNT > 0) that finds nothing to resume from starts

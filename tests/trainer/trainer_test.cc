@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <span>
 
 #include "autograd/functions.h"
@@ -511,6 +512,47 @@ TEST(TrainerTest, AnEpochCutByASignalReportsTheWholeEpochsTrainLoss) {
     EXPECT_FALSE(resumed.resumed_from.empty());
     EXPECT_EQ(train_loss_rows(csv), expected);
   }
+  fs::remove_all(dir);
+}
+
+// A run that dies without saving (kill -9, a lost node) after its last checkpoint has
+// logged the steps and the epoch it trained since. Resumed from that checkpoint, it
+// trains them again: the step log and the metrics CSV must end with one row per step
+// and per epoch, equal to an uninterrupted run's, not the lost rows and their replays.
+TEST(TrainerTest, ACrashAfterTheCheckpointLeavesOneRowPerStepAndEpochInTheLogs) {
+  fs::path dir = fresh_dir("rt_trainer_crash_logs");
+  fs::create_directories(dir);
+  auto data = blobs(160, 5);  // 10 steps per epoch
+  auto read = [](const fs::path& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  BlobClassifier straight(7);
+  Trainer(quiet({.max_epochs = 3, .batch_size = 16, .metrics_csv = (dir / "straight.csv").string(),
+                 .step_log_csv = (dir / "straight.log").string()}))
+      .fit(straight, data);
+
+  const TrainerOptions crashing = quiet({.max_epochs = 3, .batch_size = 16, .checkpoint_dir = (dir / "ckpt").string(),
+                                         .metrics_csv = (dir / "crash.csv").string(),
+                                         .step_log_csv = (dir / "crash.log").string()});
+  TrainerOptions two_epochs = crashing;
+  two_epochs.max_epochs = 2;
+  BlobClassifier first(7);
+  Trainer(two_epochs).fit(first, data);  // checkpoints at steps 10 and 20
+  // The process "died" during epoch 1 after logging it, before its checkpoint was
+  // written: the checkpoint of step 20 is not there, the rows of steps 11-20 and
+  // epoch 1 are, and the last step-log line was cut short.
+  nn::CheckpointManager manager((dir / "ckpt").string());
+  const std::string last = *manager.latest_valid();
+  ASSERT_NE(last.find("ckpt-0000000020"), std::string::npos) << last;
+  for (const char* ext : {".json", ".safetensors"}) fs::remove(last + ext);
+  std::ofstream(dir / "crash.log", std::ios::app) << "21,2,0.12";
+  BlobClassifier second(7);
+  FitResult resumed = Trainer(crashing).fit(second, data);
+  ASSERT_NE(resumed.resumed_from.find("ckpt-0000000010"), std::string::npos) << resumed.resumed_from;
+  EXPECT_EQ(resumed.global_step, 30);
+  EXPECT_EQ(read(dir / "crash.log"), read(dir / "straight.log"));
+  EXPECT_EQ(train_loss_rows(dir / "crash.csv"), train_loss_rows(dir / "straight.csv"));
   fs::remove_all(dir);
 }
 
