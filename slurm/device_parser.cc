@@ -94,7 +94,15 @@ int ddp_device_for_local_rank(const DeviceSelection& selection, int local_rank, 
                      std::to_string(local_processes) + "; launch " + std::to_string(gpus) +
                      " per node (ringrun --nproc-per-node " + std::to_string(gpus) + ", srun --ntasks-per-node=" +
                      std::to_string(gpus) + ") or select " + std::to_string(local_processes) + " GPU(s)" +
-                     (local_processes == 1 ? " (or strategy dp: one process driving every GPU)" : ""));
+                     (local_processes == 1 ? " (or strategy dp: one process driving every GPU)" : "") +
+                     (gpus == 1 && local_processes > 1
+                          ? ". If SLURM gave each task a GPU of its own (srun --gpus-per-task=1 with "
+                            "constrained devices: every process sees one GPU), ringtrain cannot tell that from " +
+                                std::to_string(local_processes) +
+                                " processes sharing one GPU: request the GPUs per node instead (--gres=gpu:" +
+                                std::to_string(local_processes) + " or --gpus-per-node=" +
+                                std::to_string(local_processes) + "), so that every process sees the node's GPUs"
+                          : ""));
   }
   if (local_rank < 0 || local_rank >= local_processes) {
     throw SlurmError("local rank " + std::to_string(local_rank) + " is not in 0.." + std::to_string(local_processes - 1));

@@ -110,6 +110,12 @@ TEST(DeviceParser, DdpNeedsOneProcessPerGpuOnEachNode) {
   EXPECT_NE(one.find("strategy dp"), std::string::npos) << one;
   const std::string four = error_of([&] { ddp_device_for_local_rank(two, 3, 4); });
   EXPECT_NE(four.find("started 4"), std::string::npos) << four;
+  EXPECT_EQ(four.find("--gpus-per-task"), std::string::npos) << four;
+  // Every process sees one GPU: SLURM may have bound one to each task; say what to ask for.
+  const std::string bound = error_of([&] { ddp_device_for_local_rank(parse_devices("auto", 1), 2, 4); });
+  EXPECT_NE(bound.find("started 4"), std::string::npos) << bound;
+  EXPECT_NE(bound.find("--gpus-per-task=1"), std::string::npos) << bound;
+  EXPECT_NE(bound.find("--gres=gpu:4 or --gpus-per-node=4"), std::string::npos) << bound;
   EXPECT_NE(error_of([] { ddp_device_for_local_rank(DeviceSelection{}, 0, 1); }), "no error");
 }
 
