@@ -229,11 +229,17 @@ std::vector<Tensor> DistributedDataParallel::post_forward(const std::vector<Tens
   if (will_backward) {
     std::weak_ptr<Reducer> reducer = reducer_;
     const bool synced = sync_;
+    // This forward's outputs' grad_fns (weak: the markers must not keep the graph alive),
+    // for a second backward through the same graph (Reducer::note_backward_of_forward).
+    std::vector<std::weak_ptr<autograd::Node>> roots;
+    for (const Tensor& t : outputs)
+      if (t.defined())
+        if (auto fn = autograd::grad_fn(t)) roots.push_back(fn);
     for (Tensor& t : marked) {
       if (!t.defined() || !autograd::requires_grad(t)) continue;
       t = autograd::record("DDPForwardOutput", {t}, t, {},
-                           [reducer, synced](const Tensor& grad, autograd::BackwardContext&) {
-                             if (auto r = reducer.lock()) r->note_backward_of_forward(synced);
+                           [reducer, synced, roots](const Tensor& grad, autograd::BackwardContext&) {
+                             if (auto r = reducer.lock()) r->note_backward_of_forward(synced, roots);
                              return std::vector<Tensor>{grad};
                            });
     }

@@ -293,6 +293,14 @@ void Reducer::check_parameters_match_buckets() {
 }
 
 void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync) {
+  std::vector<std::shared_ptr<autograd::Node>> roots;
+  for (const Tensor& out : outputs)
+    if (out.defined())
+      if (auto fn = autograd::grad_fn(out)) roots.push_back(std::move(fn));
+  prepare(roots, sync);
+}
+
+void Reducer::prepare(const std::vector<std::shared_ptr<autograd::Node>>& roots, bool sync) {
   if (!pending_error_.empty()) {
     std::string message = std::move(pending_error_);
     pending_error_.clear();
@@ -340,10 +348,7 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
     // Walk the graph from the outputs; a parameter whose AccumulateGrad node is not
     // reachable will get no gradient in this backward, so it is ready right now.
     std::unordered_set<const autograd::Node*> reachable;
-    std::vector<std::shared_ptr<autograd::Node>> stack;
-    for (const Tensor& out : outputs)
-      if (out.defined())
-        if (auto fn = autograd::grad_fn(out)) stack.push_back(fn);
+    std::vector<std::shared_ptr<autograd::Node>> stack(roots.begin(), roots.end());
     while (!stack.empty()) {
       auto node = stack.back();
       stack.pop_back();
@@ -359,7 +364,24 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
   }
 }
 
-void Reducer::note_backward_of_forward(bool synced_forward) {
+void Reducer::note_backward_of_forward(bool synced_forward,
+                                       const std::vector<std::weak_ptr<autograd::Node>>& forward_roots) {
+  if (synced_forward && !expect_hooks_) {
+    // A synced forward's graph is backpropagated, but no synced backward is prepared: an
+    // earlier backward already used (and finalized) this forward's preparation. That is
+    // backward run twice through one graph (retain_graph=true), or two synced forwards
+    // before their two backwards. Left local, this backward's gradients would accumulate
+    // into .grad unreduced, and the ranks' parameters would silently drift apart after
+    // the step. Prepared again here, before any of its gradient hooks, it is reduced like
+    // the first: .grad (the averaged first gradient) accumulates this rank's new gradient,
+    // the bucket averages that sum, and the result is the average of both backwards, as
+    // one process computes it. Every rank runs the same backwards, so every rank prepares
+    // alike. (PyTorch's reducer ignores such hooks and lets the ranks diverge.)
+    std::vector<std::shared_ptr<autograd::Node>> roots;
+    for (const auto& weak : forward_roots)
+      if (auto root = weak.lock()) roots.push_back(std::move(root));
+    prepare(roots, /*sync=*/true);
+  }
   if (synced_forward) {
     backward_kind_ = BackwardKind::kSynced;
   } else if (backward_kind_ == BackwardKind::kUnknown) {

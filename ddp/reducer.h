@@ -123,7 +123,11 @@ class Reducer {
   // before any gradient hook of that backward: whether the forward ran synced or inside
   // no_sync(). A backward through a no_sync forward's outputs only accumulates locally, even
   // with a synced backward prepared; through both kinds at once, it is synced.
-  void note_backward_of_forward(bool synced_forward);
+  // `forward_roots` are that forward's outputs' grad_fns: a synced forward whose preparation
+  // an earlier backward already used (backward twice through one graph, retain_graph=true)
+  // is prepared again from them, so this backward is reduced too (see note_backward_of_forward).
+  void note_backward_of_forward(bool synced_forward,
+                                const std::vector<std::weak_ptr<autograd::Node>>& forward_roots = {});
 
   void register_comm_hook(CommHook hook) {
     comm_hook_ = std::move(hook);
@@ -149,6 +153,8 @@ class Reducer {
   const std::string& parameter_name(size_t index) const { return names_.at(index); }
 
  private:
+  // prepare_for_backward's work, from the forward outputs' grad_fns (`roots`).
+  void prepare(const std::vector<std::shared_ptr<autograd::Node>>& roots, bool sync);
   void build_buckets(const std::vector<size_t>& order);
   Tensor allocate_bucket(int64_t numel, const Tensor& like, bool* symmetric);
   void on_gradient_ready(size_t index);

@@ -1214,6 +1214,66 @@ TEST_F(DdpMultiRank, DistributedSamplerShardsCoverTheDataSet) {
   for (int c : seen) EXPECT_GE(c, 1);  // padding repeats some, none is missing
 }
 
+// Backward twice through one synced forward's graph (retain_graph=true), and two synced
+// forwards before their two backwards: the forward's preparation was used by the first
+// backward, so the second one's hooks only accumulated locally and the ranks' parameters
+// drifted apart (each kept its own second gradient). Now each backward is reduced, and the
+// step matches one process on the global batch doing the same.
+TEST_F(DdpMultiRank, EveryBackwardThroughASyncedForwardIsReducedEvenTwicePerForward) {
+  struct Variant {
+    const char* name;
+    DdpOptions options;
+    bool two_forwards;  // forward, forward, backward, backward (else one forward, two backwards)
+  };
+  const Variant variants[] = {
+      {"retain_graph, copying", DdpOptions{}, false},
+      {"retain_graph, gradient_as_bucket_view", DdpOptions{.gradient_as_bucket_view = true}, false},
+      {"retain_graph, find_unused_parameters, small buckets",
+       DdpOptions{.bucket_cap_bytes = 1, .first_bucket_bytes = 1, .find_unused_parameters = true}, false},
+      {"two forwards, then two backwards", DdpOptions{}, true},
+  };
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.name);
+    Generator g1(61 + g_world->rank()), g2(61);
+    auto model = std::make_shared<TwoBranch>(g1);
+    auto reference = std::make_shared<TwoBranch>(g2);
+    // Every parameter used, except where find_unused_parameters is on to handle the branch.
+    model->use_unused = reference->use_unused = !v.options.find_unused_parameters;
+    DistributedDataParallel ddp(model, g_world, v.options);
+    nn::SGD opt_ddp(model->parameters(), nn::SGDOptions{.lr = 0.1, .momentum = 0.9});
+    nn::SGD opt_ref(reference->parameters(), nn::SGDOptions{.lr = 0.1, .momentum = 0.9});
+    for (int step = 0; step < 3; ++step) {
+      opt_ddp.zero_grad();
+      opt_ref.zero_grad();
+      Batch global = global_batch(step);
+      Batch local = rank_slice(global);
+      Batch global2 = global_batch(100 + step);
+      Batch local2 = rank_slice(global2);
+      try {
+        if (v.two_forwards) {
+          Tensor a = ag::cross_entropy(ddp(local.x), local.y);
+          Tensor b = ag::cross_entropy(ddp(local2.x), local2.y);
+          autograd::backward(a);
+          autograd::backward(b);
+        } else {
+          Tensor loss = ag::cross_entropy(ddp(local.x), local.y);
+          autograd::backward(loss, Tensor(), /*retain_graph=*/true);
+          autograd::backward(loss);
+        }
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << e.what();
+      }
+      Tensor ref = ag::cross_entropy(reference->forward(global.x), global.y);
+      autograd::backward(ref, Tensor(), /*retain_graph=*/true);
+      if (v.two_forwards) ref = ag::cross_entropy(reference->forward(global2.x), global2.y);
+      autograd::backward(ref);
+      opt_ddp.step();
+      opt_ref.step();
+      expect_same_parameters(*model, *reference);  // no early return: see the top
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ringtrain::ddp
 
