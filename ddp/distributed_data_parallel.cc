@@ -181,8 +181,17 @@ void DistributedDataParallel::broadcast_state(bool parameters, bool buffers) {
   if (group_->size() == 1) return;
   autograd::NoGradGuard no_grad;
   std::vector<comm::Work> works;
-  auto send = [&](Tensor t) {
-    if (t.numel() > 0) works.push_back(group_->broadcast(buffer_of(t), 0));
+  // A collective needs contiguous memory; a tensor that is not (a transposed weight, a
+  // strided slice) goes through a contiguous copy, written back once the broadcast is done.
+  std::vector<std::pair<Tensor, Tensor>> staged;  // (tensor, its contiguous copy)
+  auto send = [&](const Tensor& t) {
+    if (t.numel() == 0) return;
+    if (t.is_contiguous()) {
+      works.push_back(group_->broadcast(buffer_of(t), 0));
+      return;
+    }
+    staged.emplace_back(t, t.contiguous());
+    works.push_back(group_->broadcast(buffer_of(staged.back().second), 0));
   };
   std::vector<Tensor> written;
   if (parameters)
@@ -191,6 +200,7 @@ void DistributedDataParallel::broadcast_state(bool parameters, bool buffers) {
     for (auto& b : module_->buffers()) written.push_back(b);
   for (Tensor& t : written) send(t);
   for (auto& w : works) w.wait(group_->options().timeout);
+  for (auto& [tensor, copy] : staged) tensor.copy_(copy);
   // An in-place write like any other (on rank 0 too, so every rank counts alike): whoever
   // copied these tensors before (MasterWeights' float32 masters) can tell they changed.
   for (Tensor& t : written) t.bump_version();

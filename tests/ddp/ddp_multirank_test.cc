@@ -1274,6 +1274,41 @@ TEST_F(DdpMultiRank, EveryBackwardThroughASyncedForwardIsReducedEvenTwicePerForw
   }
 }
 
+// Parameters that are not contiguous (here transposes: strides [1, 5]). DDP's construction
+// broadcast handed them straight to the collective, which refused them ("collectives need
+// contiguous memory", naming no parameter), so such a model could not be wrapped at all.
+// Now they go through a contiguous copy and train like one process, in both bucket modes.
+class TransposedWeights : public nn::Cloneable<TransposedWeights> {
+ public:
+  explicit TransposedWeights(Generator& gen) : Cloneable("TransposedWeights") {
+    first_ = register_parameter("first", randn({kIn, kClasses}, gen).t());
+    second_ = register_parameter("second", randn({kIn, kClasses}, gen).t());
+  }
+  Tensor forward(const Tensor& x) override {
+    return ag::add(ag::linear(x, param(first_), Tensor()), ag::tanh(ag::linear(x, param(second_), Tensor())));
+  }
+
+ private:
+  nn::ParamSlot first_, second_;
+};
+
+TEST_F(DdpMultiRank, NonContiguousParametersAreBroadcastAndTrainLikeOneProcess) {
+  for (bool as_view : {false, true}) {
+    SCOPED_TRACE(as_view ? "gradient_as_bucket_view" : "copying mode");
+    Generator g1(71 + g_world->rank()), g2(71);  // rank-dependent init: the broadcast must fix it
+    auto model = std::make_shared<TransposedWeights>(g1);
+    auto reference = std::make_shared<TransposedWeights>(g2);
+    EXPECT_FALSE(model->param("first").is_contiguous());
+    try {
+      train_and_compare(model, reference,
+                        DdpOptions{.bucket_cap_bytes = 1, .first_bucket_bytes = 1, .gradient_as_bucket_view = as_view},
+                        Opt::kAdam);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << e.what();  // the same on every rank: none is left waiting
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ringtrain::ddp
 
