@@ -207,7 +207,17 @@ class MpiProcessGroup final : public ProcessGroup {
   std::shared_ptr<ProcessGroup> create_subgroup(GroupContext context, int color, int key) override {
     MPI_Comm split = MPI_COMM_NULL;
     {
-      std::lock_guard<std::mutex> lock(mpi_call_mutex());
+      // MPI_Comm_split blocks until every rank of this group has called it. Held under
+      // the process-wide mpi_call_mutex, it would keep every other MPI call of this
+      // process waiting meanwhile: another group's comm thread, and a split of another
+      // group on another thread. Two threads splitting two groups at once then hung
+      // forever whenever the ranks entered the two splits in different orders (each
+      // rank's first split waited for a peer whose other split held its mutex;
+      // SubGroups.ConcurrentSplitsOfTwoGroupsOnTwoThreads). With MPI_THREAD_MULTIPLE
+      // MPI needs no mutex for it; without it, MPI requires the calls serialized, so
+      // splits of different groups must not run concurrently (docs/comm.md).
+      std::unique_lock<std::mutex> lock(mpi_call_mutex(), std::defer_lock);
+      if (!mpi_thread_multiple()) lock.lock();
       MPI_CHECK(MPI_Comm_split(comm_.get(), color < 0 ? MPI_UNDEFINED : color, key, &split));
     }
     if (color < 0) return nullptr;

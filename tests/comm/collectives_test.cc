@@ -714,6 +714,37 @@ TEST(CudaBuffers, AllreduceLargerThanTheIpcBuffer) {
   }
 }
 
+// Two threads split two different groups at once, each thread always the same group.
+// The ranks may enter the two splits in either order. Under the mpi backend each
+// MPI_Comm_split used to run under the process-wide MPI mutex: a rank inside its
+// first split (waiting for a peer) kept its own second split out of MPI, the peer
+// did the same the other way round, and both hung for good (3 runs of 3 at np 2).
+TEST(SubGroups, ConcurrentSplitsOfTwoGroupsOnTwoThreads) {
+  const int r = g_pg->rank();
+  const int n = g_pg->size();
+  auto sub = g_pg->split(0, -r);  // the same members, in reverse order
+  ASSERT_NE(sub, nullptr);
+  for (int round = 0; round < 5; ++round) {
+    std::shared_ptr<ProcessGroup> from_world;
+    std::shared_ptr<ProcessGroup> from_sub;
+    // rank-dependent timing, so that the two splits reach MPI in different orders
+    std::thread other([&] {
+      if (r % 2 == round % 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      from_world = g_pg->split(0, r);
+    });
+    if (r % 2 != round % 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    from_sub = sub->split(0, r);
+    other.join();
+    ASSERT_NE(from_world, nullptr);
+    ASSERT_NE(from_sub, nullptr);
+    int64_t a = r, b = r + 1;
+    from_world->allreduce({&a, 1, DType::kInt64}).wait();
+    from_sub->allreduce({&b, 1, DType::kInt64}).wait();
+    EXPECT_EQ(a, int64_t{n} * (n - 1) / 2) << "round " << round;
+    EXPECT_EQ(b, int64_t{n} * (n + 1) / 2) << "round " << round;
+  }
+}
+
 }  // namespace
 }  // namespace ringtrain::comm
 
