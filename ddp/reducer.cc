@@ -316,7 +316,9 @@ void Reducer::prepare(const std::vector<std::shared_ptr<autograd::Node>>& roots,
   backward_kind_ = BackwardKind::kUnknown;  // a backward that threw never reset it
   callback_queued_ = false;
   unused_to_mark_.clear();
+  prepared_roots_.clear();
   if (!sync) return;  // no_sync: gradients only accumulate locally in .grad
+  prepared_roots_.assign(roots.begin(), roots.end());
 
   std::fill(ready_.begin(), ready_.end(), false);
   std::fill(used_.begin(), used_.end(), false);
@@ -366,19 +368,40 @@ void Reducer::prepare(const std::vector<std::shared_ptr<autograd::Node>>& roots,
 
 void Reducer::note_backward_of_forward(bool synced_forward,
                                        const std::vector<std::weak_ptr<autograd::Node>>& forward_roots) {
-  if (synced_forward && !expect_hooks_) {
-    // A synced forward's graph is backpropagated, but no synced backward is prepared: an
-    // earlier backward already used (and finalized) this forward's preparation. That is
-    // backward run twice through one graph (retain_graph=true), or two synced forwards
-    // before their two backwards. Left local, this backward's gradients would accumulate
-    // into .grad unreduced, and the ranks' parameters would silently drift apart after
-    // the step. Prepared again here, before any of its gradient hooks, it is reduced like
-    // the first: .grad (the averaged first gradient) accumulates this rank's new gradient,
-    // the bucket averages that sum, and the result is the average of both backwards, as
-    // one process computes it. Every rank runs the same backwards, so every rank prepares
-    // alike. (PyTorch's reducer ignores such hooks and lets the ranks diverge.)
+  // Is the prepared walk for unused parameters this forward's? Only matters while the
+  // walk decides anything (find_unused_parameters; static_graph after step 1 knows its set).
+  auto same_node = [](const std::weak_ptr<autograd::Node>& a, const std::weak_ptr<autograd::Node>& b) {
+    return !a.owner_before(b) && !b.owner_before(a);
+  };
+  const bool walk_matters = options_.find_unused_parameters && !(options_.static_graph && first_step_done_);
+  const bool roots_prepared =
+      std::all_of(forward_roots.begin(), forward_roots.end(), [&](const auto& root) {
+        return std::any_of(prepared_roots_.begin(), prepared_roots_.end(),
+                           [&](const auto& prepared) { return same_node(root, prepared); });
+      });
+  if (synced_forward && !callback_queued_ && (!expect_hooks_ || (walk_matters && !roots_prepared))) {
+    // A synced forward's graph is backpropagated, and no gradient hook of this backward
+    // has fired yet, but the reducer is not prepared for it:
+    //  * no synced backward is prepared: an earlier backward already used (and finalized)
+    //    this forward's preparation. That is backward run twice through one graph
+    //    (retain_graph=true), or two synced forwards before their two backwards. Left
+    //    local, this backward's gradients would accumulate into .grad unreduced, and the
+    //    ranks' parameters would silently drift apart after the step. Prepared again, it is
+    //    reduced like the first: .grad (the averaged first gradient) accumulates this rank's
+    //    new gradient, the bucket averages that sum, and the result is the average of both
+    //    backwards, as one process computes it. (PyTorch's reducer ignores such hooks and
+    //    lets the ranks diverge.)
+    //  * a later synced forward prepared it (forward A, forward B, backward A): with
+    //    find_unused_parameters the walk started at B's outputs, and a parameter A uses but
+    //    B does not would be marked unused and then receive a gradient. Prepared again
+    //    from this forward's outputs (and those of any synced forward whose marker this
+    //    backward passed already: one backward through both losses walks from both).
+    // Every rank runs the same forwards and backwards, so every rank prepares alike.
+    std::vector<std::weak_ptr<autograd::Node>> weak_roots = forward_roots;
+    if (expect_hooks_ && backward_kind_ == BackwardKind::kSynced)
+      weak_roots.insert(weak_roots.end(), prepared_roots_.begin(), prepared_roots_.end());
     std::vector<std::shared_ptr<autograd::Node>> roots;
-    for (const auto& weak : forward_roots)
+    for (const auto& weak : weak_roots)
       if (auto root = weak.lock()) roots.push_back(std::move(root));
     prepare(roots, /*sync=*/true);
   }

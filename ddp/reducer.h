@@ -206,6 +206,10 @@ class Reducer {
   bool first_step_done_ = false;         // one synced backward has finished
   std::vector<bool> static_unused_;      // static_graph: params this rank did not use in step 1
   std::vector<size_t> unused_to_mark_;   // found unused at forward; marked ready at the first hook
+  // The grad_fns of the outputs the pending synced backward was prepared from (what the
+  // find_unused_parameters walk started at): a backward through another forward's outputs
+  // is prepared again from its own (note_backward_of_forward).
+  std::vector<std::weak_ptr<autograd::Node>> prepared_roots_;
   std::vector<bool> marked_unused_;      // this backward: marked ready as unused (no gradient expected)
   StepStats stats_;
   std::vector<BucketTiming> timings_;

@@ -1309,6 +1309,49 @@ TEST_F(DdpMultiRank, NonContiguousParametersAreBroadcastAndTrainLikeOneProcess) 
   }
 }
 
+
+// Two synced forwards, then their two backwards, with find_unused_parameters: the first
+// forward uses a branch the second does not. The reducer was prepared by the second
+// forward (branch unreachable, so marked ready as unused), and the first backward, which
+// does reach the branch, failed with "received a gradient, but find_unused_parameters
+// found it unreachable". Each backward now walks the graph of its own forward.
+TEST_F(DdpMultiRank, TwoSyncedForwardsBackpropagatedInTurnEachFindTheirOwnUnusedParameters) {
+  for (bool as_view : {false, true}) {
+    SCOPED_TRACE(as_view ? "gradient_as_bucket_view" : "copying mode");
+    Generator g1(73 + g_world->rank()), g2(73);
+    auto model = std::make_shared<TwoBranch>(g1);
+    auto reference = std::make_shared<TwoBranch>(g2);
+    DistributedDataParallel ddp(model, g_world,
+                                DdpOptions{.bucket_cap_bytes = 2048, .first_bucket_bytes = 512,
+                                           .find_unused_parameters = true, .gradient_as_bucket_view = as_view});
+    nn::SGD opt_ddp(model->parameters(), nn::SGDOptions{.lr = 0.1, .momentum = 0.9});
+    nn::SGD opt_ref(reference->parameters(), nn::SGDOptions{.lr = 0.1, .momentum = 0.9});
+    for (int step = 0; step < 3; ++step) {
+      opt_ddp.zero_grad();
+      opt_ref.zero_grad();
+      Batch global_a = global_batch(step), global_b = global_batch(100 + step);
+      Batch local_a = rank_slice(global_a), local_b = rank_slice(global_b);
+      try {
+        model->use_unused = true;
+        Tensor a = ag::cross_entropy(ddp(local_a.x), local_a.y);
+        model->use_unused = false;
+        Tensor b = ag::cross_entropy(ddp(local_b.x), local_b.y);
+        autograd::backward(a);
+        autograd::backward(b);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << e.what();  // thrown on every rank alike: none is left waiting
+      }
+      reference->use_unused = true;
+      autograd::backward(ag::cross_entropy(reference->forward(global_a.x), global_a.y));
+      reference->use_unused = false;
+      autograd::backward(ag::cross_entropy(reference->forward(global_b.x), global_b.y));
+      opt_ddp.step();
+      opt_ref.step();
+      expect_same_parameters(*model, *reference);  // no early return: see the top
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ringtrain::ddp
 
