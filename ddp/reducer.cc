@@ -626,8 +626,14 @@ void Reducer::finalize_backward() {
     // here in every later step, and a parameter only rank 0 uses must still be
     // pre-marked on rank 1, or rank 1's bucket never completes while rank 0 waits
     // for it in the allreduce.
-    static_unused_.assign(params_.size(), false);
-    for (size_t i = 0; i < params_.size(); ++i) static_unused_[i] = !used_[i];
+    // And what this *synced backward* did not reach (no hook fired), not what got no
+    // gradient since the last sync: a parameter that only the no_sync micro-batches of
+    // each step use is reached by none of the synced backwards, so it must be pre-marked
+    // (its slot then takes the .grad those micro-batches accumulated, counted as used, as
+    // find_unused_parameters does). Counting it as used left its bucket incomplete in
+    // step 2, which failed although every step had the same graphs.
+    static_unused_.assign(params_.size(), true);
+    for (size_t i : ready_order_) static_unused_[i] = false;
   }
   first_step_done_ = true;
   maybe_rebuild_buckets();

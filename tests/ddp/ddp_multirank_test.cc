@@ -1352,6 +1352,48 @@ TEST_F(DdpMultiRank, TwoSyncedForwardsBackpropagatedInTurnEachFindTheirOwnUnused
   }
 }
 
+// static_graph with no_sync micro-batches whose graph differs from the synced one's, the
+// same in every step: micro-batch 0 (no_sync) uses the branch, micro-batch 1 (synced) does
+// not. Step 1 counted the branch as used (its no_sync gradient), so later steps did not
+// pre-mark it, its bucket never completed, and step 2 failed with "received no gradient ...
+// static_graph=true promised the graph of the first step". What the synced backward did not
+// reach is what gets pre-marked now, and training matches one process.
+TEST_F(DdpMultiRank, StaticGraphWithAParameterOnlyTheNoSyncMicroBatchesUseTrainsLikeOneProcess) {
+  for (bool find_unused : {false, true}) {
+    SCOPED_TRACE(find_unused ? "static_graph and find_unused_parameters" : "static_graph");
+    Generator g1(79 + g_world->rank()), g2(79);
+    auto model = std::make_shared<TwoBranch>(g1);
+    auto reference = std::make_shared<TwoBranch>(g2);
+    DistributedDataParallel ddp(model, g_world,
+                                DdpOptions{.find_unused_parameters = find_unused, .static_graph = true});
+    nn::SGD opt_ddp(model->parameters(), nn::SGDOptions{.lr = 0.1, .momentum = 0.9});
+    nn::SGD opt_ref(reference->parameters(), nn::SGDOptions{.lr = 0.1, .momentum = 0.9});
+    for (int step = 0; step < 3; ++step) {
+      opt_ddp.zero_grad();
+      opt_ref.zero_grad();
+      for (int micro = 0; micro < 2; ++micro) {
+        model->use_unused = reference->use_unused = micro == 0;
+        Batch global = global_batch(step * 10 + micro);
+        Batch local = rank_slice(global);
+        try {
+          if (micro == 0) {
+            auto guard = ddp.no_sync();
+            autograd::backward(ag::cross_entropy(ddp(local.x), local.y));
+          } else {
+            autograd::backward(ag::cross_entropy(ddp(local.x), local.y));
+          }
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << e.what();  // thrown on every rank alike: none is left waiting
+        }
+        autograd::backward(ag::cross_entropy(reference->forward(global.x), global.y));
+      }
+      opt_ddp.step();
+      opt_ref.step();
+      expect_same_parameters(*model, *reference);  // no early return: see the top
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ringtrain::ddp
 
