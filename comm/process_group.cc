@@ -563,6 +563,13 @@ std::string ProcessGroup::await_member_key(const std::string& key, const std::st
     } catch (const CommTimeoutError&) {
       // not there yet: look for a reason it may never come
     }
+    // This group was aborted meanwhile (by another thread of this rank: a watchdog, the
+    // Trainer): the wait ends with that reason, as a collective in flight does, not at
+    // the timeout (SubGroups.AbortFromAnotherThreadEndsAWaitingSplit).
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      if (failed_) std::rethrow_exception(failure_);
+    }
     throw_if_member_failed(what);
     if (Clock::now() >= deadline) {
       throw CommTimeoutError(detail::concat(what, " did not come within ",

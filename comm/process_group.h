@@ -226,7 +226,8 @@ class ProcessGroup {
 
   // Store::get of a key a member writes, waited for in short slices until the
   // timeout; in between, a member that published an error or that lost_member()
-  // reports gone ends the wait with PeerLostError (explain_failure says why).
+  // reports gone ends the wait with PeerLostError (explain_failure says why), and this
+  // group failing meanwhile (abort() from another thread) ends it with that failure.
   // `what` names what is waited for in the timeout message.
   std::string await_member_key(const std::string& key, const std::string& what);
   // Throws PeerLostError, naming `what` this rank was waiting for, when another

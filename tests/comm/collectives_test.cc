@@ -745,6 +745,37 @@ TEST(SubGroups, ConcurrentSplitsOfTwoGroupsOnTwoThreads) {
   }
 }
 
+// A split waiting for members that do not come ends when this rank aborts the group
+// from another thread (a watchdog would), with the abort's reason, as a collective in
+// flight does. It waited out the whole timeout (120 s here) instead: the wait in the
+// store looked only for other members' failures. Rank 0 splits alone; the others
+// never split and meet it afterwards in a world barrier. The sleep only makes it
+// likely that the abort lands inside the wait; landing before, it meets split()'s own
+// check at entry, with the same result.
+TEST(SubGroups, AbortFromAnotherThreadEndsAWaitingSplit) {
+  const int r = g_pg->rank();
+  auto sub = g_pg->split(0, r);
+  ASSERT_NE(sub, nullptr);
+  if (r == 0) {
+    std::thread watchdog([&] {
+      std::this_thread::sleep_for(300ms);
+      sub->abort("watchdog: the others never came");
+    });
+    const auto start = std::chrono::steady_clock::now();
+    std::string error;
+    try {
+      sub->split(0, 0);
+    } catch (const CommError& e) {
+      error = e.what();
+    }
+    const auto waited = std::chrono::steady_clock::now() - start;
+    watchdog.join();
+    EXPECT_THAT(error, ::testing::HasSubstr("watchdog: the others never came"));
+    EXPECT_LT(waited, 30s) << error;
+  }
+  g_pg->barrier().wait();
+}
+
 }  // namespace
 }  // namespace ringtrain::comm
 
