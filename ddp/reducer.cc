@@ -374,12 +374,13 @@ void Reducer::note_backward_of_forward(bool synced_forward,
     return !a.owner_before(b) && !b.owner_before(a);
   };
   const bool walk_matters = options_.find_unused_parameters && !(options_.static_graph && first_step_done_);
-  const bool roots_prepared =
-      std::all_of(forward_roots.begin(), forward_roots.end(), [&](const auto& root) {
-        return std::any_of(prepared_roots_.begin(), prepared_roots_.end(),
-                           [&](const auto& prepared) { return same_node(root, prepared); });
-      });
-  if (synced_forward && !callback_queued_ && (!expect_hooks_ || (walk_matters && !roots_prepared))) {
+  auto roots_prepared = [&] {
+    return std::all_of(forward_roots.begin(), forward_roots.end(), [&](const auto& root) {
+      return std::any_of(prepared_roots_.begin(), prepared_roots_.end(),
+                         [&](const auto& prepared) { return same_node(root, prepared); });
+    });
+  };
+  if (synced_forward && !callback_queued_ && (!expect_hooks_ || (walk_matters && !roots_prepared()))) {
     // A synced forward's graph is backpropagated, and no gradient hook of this backward
     // has fired yet, but the reducer is not prepared for it:
     //  * no synced backward is prepared: an earlier backward already used (and finalized)

@@ -127,7 +127,7 @@ class Reducer {
   // an earlier backward already used (backward twice through one graph, retain_graph=true)
   // is prepared again from them, so this backward is reduced too (see note_backward_of_forward).
   void note_backward_of_forward(bool synced_forward,
-                                const std::vector<std::weak_ptr<autograd::Node>>& forward_roots = {});
+                                const std::vector<std::weak_ptr<autograd::Node>>& forward_roots);
 
   void register_comm_hook(CommHook hook) {
     comm_hook_ = std::move(hook);
