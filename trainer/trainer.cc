@@ -314,21 +314,18 @@ FitResult Trainer::run_fit(TrainingModule& module, std::shared_ptr<const data::D
     RT_CHECK(!ec && access(o.checkpoint_dir.c_str(), W_OK) == 0, "Trainer: cannot create or write checkpoint_dir '",
              o.checkpoint_dir, "': ", ec ? ec.message() : std::strerror(errno));
   }
-  // The step log is opened now, for the whole run. The metrics CSV is opened at each
-  // epoch's end (its header names the metrics, known then), so it is only checked here.
-  std::ofstream step_log;
-  if (global_zero && !o.step_log_csv.empty()) {
-    step_log.open(o.step_log_csv, std::ios::app);
-    RT_CHECK(step_log.good(), "Trainer: cannot write '", o.step_log_csv, "': ", std::strerror(errno),
-             " (the directory must exist and be writable)");
-  }
-  if (global_zero && !o.metrics_csv.empty()) {
-    const std::filesystem::path p(o.metrics_csv);
+  // Checked now, so that they fail before anything trains; opened later: the step log
+  // once the resume has dropped what a crashed run logged after its checkpoint, the
+  // metrics CSV at each epoch's end (its header names the metrics, known then).
+  const auto check_writable = [](const std::string& path) {
+    const std::filesystem::path p(path);
     const std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
     const bool ok = access(p.c_str(), F_OK) == 0 ? access(p.c_str(), W_OK) == 0 : access(dir.c_str(), W_OK) == 0;
-    RT_CHECK(ok, "Trainer: cannot write '", o.metrics_csv, "': ", std::strerror(errno),
+    RT_CHECK(ok, "Trainer: cannot write '", path, "': ", std::strerror(errno),
              " (the directory must exist and be writable)");
-  }
+  };
+  if (global_zero && !o.step_log_csv.empty()) check_writable(o.step_log_csv);
+  if (global_zero && !o.metrics_csv.empty()) check_writable(o.metrics_csv);
   result.rank = rank;
   Strategy strategy = resolve_strategy(o.strategy, world, local_devices);
   check_strategy_fits(world, strategy);
@@ -519,13 +516,14 @@ FitResult Trainer::run_fit(TrainingModule& module, std::shared_ptr<const data::D
                      (long long)removed, path.c_str(), (long long)global_step);
       }
     };
-    if (step_log.is_open()) step_log.close();  // its file is replaced: opened again below
-    drop(o.step_log_csv, 0);                   // global_step,epoch,loss
-    drop(o.metrics_csv, 1);                    // epoch,step,train_loss,...
-    if (!o.step_log_csv.empty()) {
-      step_log.open(o.step_log_csv, std::ios::app);
-      RT_CHECK(step_log.good(), "Trainer: cannot write '", o.step_log_csv, "': ", std::strerror(errno));
-    }
+    drop(o.step_log_csv, 0);  // global_step,epoch,loss
+    drop(o.metrics_csv, 1);   // epoch,step,train_loss,...
+  }
+  std::ofstream step_log;  // for the whole run
+  if (global_zero && !o.step_log_csv.empty()) {
+    step_log.open(o.step_log_csv, std::ios::app);
+    RT_CHECK(step_log.good(), "Trainer: cannot write '", o.step_log_csv, "': ", std::strerror(errno),
+             " (the directory must exist and be writable)");
   }
   // A requeued job (SLURM_RESTART_COUNT > 0) that finds nothing to resume from starts
   // over; say so, since the usual cause is a checkpoint_dir the new nodes do not share.
