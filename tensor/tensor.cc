@@ -482,10 +482,7 @@ void copy_values_to_host(const Tensor& src, void* values, DType values_dtype) {
   target.copy_(src);
 }
 
-double Tensor::item() const {
-  RT_CHECK(numel() == 1, "Tensor::item: needs exactly one element, got ", describe());
-  return to_vector<double>()[0];
-}
+double Tensor::item() const { return item<double>(); }
 
 // ------------------------------------------------------------------ printing
 

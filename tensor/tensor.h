@@ -124,7 +124,13 @@ class Tensor {
   // All elements, converted to T, in row-major order of this view (any device).
   template <typename T>
   std::vector<T> to_vector() const;
-  double item() const;  // numel() must be 1
+  // The one element (numel() must be 1) as a double: exact for every float dtype and for
+  // integers up to 2^53 in magnitude.
+  double item() const;
+  // The one element converted to T (exact when T is the tensor's own type): item<int64_t>()
+  // of an int64 tensor holding 2^53 + 1 gives 2^53 + 1, which the double above cannot hold.
+  template <typename T>
+  T item() const;
 
   std::string str() const;  // dtype, device, shape and (abbreviated) values
 
@@ -168,6 +174,14 @@ Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape, Dev
   Tensor t = empty(shape, dtype_of<T>(), device);
   copy_host_values_into(t, values.data(), dtype_of<T>());
   return t;
+}
+
+template <typename T>
+T Tensor::item() const {
+  RT_CHECK(numel() == 1, "Tensor::item: needs exactly one element, got ", describe());
+  T value{};
+  copy_values_to_host(*this, &value, dtype_of<T>());
+  return value;
 }
 
 template <typename T>

@@ -240,5 +240,27 @@ TEST(Printing, IntegersPrintExactly) {
   EXPECT_NE(scalar_tensor(1.0 / 3).str().find("Tensor(0.333333,"), std::string::npos);
 }
 
+// item<T>() reads the one element exactly in T: an int64 above 2^53 has no double, so item()
+// rounds 2^53 + 1 to 2^53 (and INT64_MAX to 2^63), while item<int64_t>() keeps it, as PyTorch's
+// .item() does. item() itself still gives a double for every dtype.
+TEST(Item, TypedItemIsExactForInt64AboveTwoToThe53) {
+  const int64_t big = 9007199254740993LL;  // 2^53 + 1
+  Tensor t = Tensor::from_vector<int64_t>({big}, {});
+  EXPECT_EQ(t.item<int64_t>(), big);
+  EXPECT_EQ(t.item(), 9007199254740992.0);  // the nearest double
+  EXPECT_EQ(Tensor::from_vector<int64_t>({INT64_MAX}, {1, 1}).item<int64_t>(), INT64_MAX);
+  EXPECT_EQ(Tensor::from_vector<int64_t>({INT64_MIN}, {1}).item<int64_t>(), INT64_MIN);
+  // A view: the element of a transposed, offset tensor.
+  Tensor m = Tensor::from_vector<int64_t>({1, 2, big, 4}, {2, 2}).t();
+  EXPECT_EQ(m.select(0, 0).select(0, 1).item<int64_t>(), big);
+  // Other types convert as to_vector<T> does.
+  EXPECT_EQ(scalar_tensor(2.75).item<float>(), 2.75f);
+  EXPECT_EQ(scalar_tensor(-2.75).item<int32_t>(), -2);
+  EXPECT_EQ(scalar_tensor(7, DType::kInt32).item<int64_t>(), 7);
+  EXPECT_EQ(scalar_tensor(7, DType::kInt32).item(), 7.0);
+  EXPECT_THROW(zeros({2}).item<int64_t>(), Error);
+  EXPECT_THROW(zeros({0}).item<double>(), Error);
+}
+
 }  // namespace
 }  // namespace ringtrain
