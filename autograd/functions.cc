@@ -7,9 +7,9 @@
 // `c.saved(i)` reads a saved tensor (checked for in-place modification since the
 // forward); intermediates only the rule needs (masks, indices) are captured by the
 // lambda directly, since no user code can touch them. Tensors the caller passed in (an
-// embedding's indices, where's condition) are saved, never captured: the caller may write
-// to them before backward. The norms' xhat is saved too: without weight and bias it is the
-// output itself, which user code can modify in place.
+// embedding's indices, where's condition) or gets back (max's indices) are saved, never
+// captured: the caller may write to them before backward. The norms' xhat is saved too:
+// without weight and bias it is the output itself, which user code can modify in place.
 // Gradients of broadcasting ops are summed back to each input's shape (unbroadcast).
 // Everything inside a rule uses the plain tensor ops (grad mode is off in backward).
 #include "autograd/functions.h"
@@ -405,13 +405,15 @@ Tensor amin(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
 }
 
 // max along dim: (values, indices)  ->  g at the returned index, 0 elsewhere
+// The indices are returned to the caller, so they are saved (not captured): an in-place
+// write to them before backward throws instead of moving the gradient (PyTorch too).
 std::pair<Tensor, Tensor> max(const Tensor& a, int64_t dim, bool keepdim) {
   auto [values, indices] = rt::max(a, dim, keepdim);
   int64_t d = wrap_dim(dim, a.dim(), "max");
   Shape kept = keepdim_shape(a.shape(), {d}, "max");
-  Tensor idx_kept = indices.reshape(kept);
-  values = record("max", {a}, values, {},
-                  [kept, d, idx_kept, shape = a.shape()](const Tensor& g, Ctx&) -> Grads {
+  values = record("max", {a}, values, {indices},
+                  [kept, d, shape = a.shape()](const Tensor& g, Ctx& c) -> Grads {
+                    Tensor idx_kept = c.saved(0).reshape(kept);
                     Shape positions_shape(shape.size(), 1);
                     positions_shape[d] = shape[d];
                     Tensor positions = rt::arange(0, static_cast<double>(shape[d]), 1.0, DType::kInt64,

@@ -504,6 +504,20 @@ TEST(Engine, InPlaceWriteToEmbeddingOrIndexSelectIndicesIsCaught) {
   EXPECT_EQ(values(grad(w)), (std::vector<float>{2, 2, 0, 0, 1, 1, 0, 0}));
 }
 
+// max(a, dim) hands its indices to the caller and routes the gradient by them. They used
+// to be captured by the rule, so a write to them before backward silently sent the gradient
+// to column 0 here (PyTorch saves them and throws); now the backward names the op.
+TEST(Engine, InPlaceWriteToTheIndicesMaxReturnedIsCaught) {
+  Tensor x = param({1, 3, 2, 4, 0, 5}, {2, 3});
+  auto [v, i] = ag::max(x, 1);
+  fill_(i, 0.0);
+  expect_error([&] { backward(ag::sum(v)); }, {"max", "modified by an in-place operation"});
+  // Untouched indices still route the gradient to the maxima.
+  Tensor y = param({1, 3, 2, 4, 0, 5}, {2, 3});
+  backward(ag::sum(ag::max(y, 1, /*keepdim=*/true).first));
+  EXPECT_EQ(values(grad(y)), (std::vector<float>{0, 1, 0, 0, 0, 1}));
+}
+
 // Without weight and bias, BatchNorm's and LayerNorm's output is the xhat their backward
 // reads. An in-place write to that output (y.mul_(2)) used to change the gradient silently;
 // xhat is now saved through the version check, so the backward names the op instead.
