@@ -84,6 +84,27 @@ void fill_slurm_job_facts(const comm::EnvMap& env, ClusterEnvironment* out) {
   }
 }
 
+// SLURM_GPUS_PER_TASK as srun writes it: "[type:]count", several types comma-separated
+// ("a100:1,v100:1" counts 2). Anything else is named with the fix.
+int parse_gpus_per_task(const std::string& text) {
+  int total = 0;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = text.find(',', start);
+    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const size_t colon = item.rfind(':');
+    const std::string count = colon == std::string::npos ? item : item.substr(colon + 1);
+    if (!is_number(count) || count.size() > 6 || std::stoi(count) < 1) {
+      throw SlurmError("environment variable SLURM_GPUS_PER_TASK='" + text +
+                       "' is not a GPU count per task (srun sets it from --gpus-per-task=[type:]N, e.g. 1 or "
+                       "a100:2); unset it, or pass --gpus-per-task=N to srun");
+    }
+    total += std::stoi(count);
+    if (comma == std::string::npos) return total;
+    start = comma + 1;
+  }
+}
+
 }  // namespace
 
 const char* launcher_name(Launcher launcher) {
@@ -103,6 +124,7 @@ std::string ClusterEnvironment::describe() const {
   else os << "?";  // PMIx-only launch: MPI tells the size at init
   os << " (local " << local_rank << "/"
      << local_world_size << ", node " << node_rank << "/" << num_nodes << ")";
+  if (gpus_per_task > 0) os << " gpus-per-task " << gpus_per_task;
   if (in_slurm_job) {
     os << " job " << job_id << " requeue-id " << requeue_id << " restarts " << restart_count;
   }
@@ -146,6 +168,7 @@ ClusterEnvironment detect_cluster_environment(const comm::EnvMap& env) {
   };
   if (info.method == "slurm") {
     out.launcher = Launcher::kSlurm;
+    if (has(env, "SLURM_GPUS_PER_TASK")) out.gpus_per_task = parse_gpus_per_task(get(env, "SLURM_GPUS_PER_TASK"));
     if (has(env, "SLURM_NNODES")) {
       out.num_nodes = env_int(env, "SLURM_NNODES", 1, "srun sets it to the number of nodes of the step");
     } else if (has(env, "SLURM_JOB_NUM_NODES")) {

@@ -65,12 +65,19 @@ struct ClusterEnvironment {
   int restart_count = 0;           // SLURM_RESTART_COUNT: how often this job was requeued
   std::vector<std::string> nodes;  // SLURM_JOB_NODELIST expanded (comm::expand_nodelist)
   std::string job_name;            // SLURM_JOB_NAME
+  // srun --gpus-per-task=k: SLURM_GPUS_PER_TASK, which srun sets only with that option
+  // and which then binds each task to k GPUs of its own (the only GPUs it sees). Read
+  // for an srun task only (Launcher::kSlurm): the batch shell, and processes that
+  // torchrun/ringrun/mpirun start inside one task, inherit it without being bound.
+  // 0: not given. "a100:2" (a typed request) counts 2.
+  int gpus_per_task = 0;
 
   std::string note;  // why a launcher was NOT used when it looked present (empty otherwise)
 
   bool is_distributed() const { return world_size > 1; }
   bool is_global_zero() const { return rank == 0; }
-  // One line: "slurm rank 1/4 (local 1/2, node 0/2) job 123 requeue-id 123 restarts 0".
+  // One line: "slurm rank 1/4 (local 1/2, node 0/2) job 123 requeue-id 123 restarts 0"
+  // (with " gpus-per-task k" after the ranks when srun bound GPUs per task).
   std::string describe() const;
 };
 

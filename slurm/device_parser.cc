@@ -85,24 +85,40 @@ DeviceSelection parse_devices(int count, int available_gpus) {
   return selection;
 }
 
-int ddp_device_for_local_rank(const DeviceSelection& selection, int local_rank, int local_processes) {
+int ddp_device_for_local_rank(const DeviceSelection& selection, int local_rank, int local_processes,
+                              int gpus_per_task, int visible_gpus) {
   if (selection.is_cpu()) throw SlurmError("ddp_device_for_local_rank: the selection names no GPU");
   const int gpus = static_cast<int>(selection.cuda_devices.size());
+  if (gpus_per_task > 0 && visible_gpus == gpus_per_task) {
+    // srun bound this task to GPUs of its own: they are not indexed by the local rank
+    // (every task's first GPU is its device 0). One of them per process.
+    if (gpus == 1) return selection.cuda_devices.front();
+    const std::string k = std::to_string(gpus_per_task);
+    throw SlurmError("devices=" + selection.describe() + " with strategy ddp: srun --gpus-per-task=" + k +
+                     " gave this process " + k + " GPUs of its own, but ddp trains on one GPU per process, so " +
+                     std::to_string(gpus - 1) + " would idle; launch with --gpus-per-task=1 (one task per GPU), " +
+                     "use strategy ddp2 (DDP between the tasks, DataParallel over each task's " + k +
+                     " GPUs), or select one GPU (devices=1)");
+  }
   if (local_processes != gpus) {
+    std::string bound;
+    if (gpus_per_task > 0) {
+      bound = ". srun --gpus-per-task=" + std::to_string(gpus_per_task) + " (SLURM_GPUS_PER_TASK) is set, but this "
+              "process sees " + std::to_string(visible_gpus) + " GPU(s), not GPUs of its own (was --gpu-bind "
+              "given?)";
+    } else if (gpus == 1 && local_processes > 1) {
+      bound = ". If SLURM gives each task a GPU of its own, launch with srun --gpus-per-task=1: srun then says so "
+              "(SLURM_GPUS_PER_TASK) and each process trains on its own GPU; nothing here says so, so these " +
+              std::to_string(local_processes) + " processes would share one GPU. Or request the GPUs per node (--gres=gpu:" +
+              std::to_string(local_processes) + " or --gpus-per-node=" + std::to_string(local_processes) +
+              "), so that every process sees the node's GPUs";
+    }
     throw SlurmError("devices=" + selection.describe() + " with strategy ddp needs " + std::to_string(gpus) +
                      " process(es) on this node, one per GPU, but the launcher started " +
                      std::to_string(local_processes) + "; launch " + std::to_string(gpus) +
                      " per node (ringrun --nproc-per-node " + std::to_string(gpus) + ", srun --ntasks-per-node=" +
                      std::to_string(gpus) + ") or select " + std::to_string(local_processes) + " GPU(s)" +
-                     (local_processes == 1 ? " (or strategy dp: one process driving every GPU)" : "") +
-                     (gpus == 1 && local_processes > 1
-                          ? ". If SLURM gave each task a GPU of its own (srun --gpus-per-task=1 with "
-                            "constrained devices: every process sees one GPU), ringtrain cannot tell that from " +
-                                std::to_string(local_processes) +
-                                " processes sharing one GPU: request the GPUs per node instead (--gres=gpu:" +
-                                std::to_string(local_processes) + " or --gpus-per-node=" +
-                                std::to_string(local_processes) + "), so that every process sees the node's GPUs"
-                          : ""));
+                     (local_processes == 1 ? " (or strategy dp: one process driving every GPU)" : "") + bound);
   }
   if (local_rank < 0 || local_rank >= local_processes) {
     throw SlurmError("local rank " + std::to_string(local_rank) + " is not in 0.." + std::to_string(local_processes - 1));

@@ -44,7 +44,19 @@ DeviceSelection parse_devices(int count, int available_gpus);
 // Lightning refuses too: fewer processes leave GPUs idle (devices=4 in one process
 // trains on one GPU), more make processes share a GPU. Throws SlurmError naming both
 // numbers and the launch that fits.
-int ddp_device_for_local_rank(const DeviceSelection& selection, int local_rank, int local_processes);
+//
+// Unless SLURM bound GPUs to each task: `gpus_per_task` is
+// ClusterEnvironment::gpus_per_task (srun --gpus-per-task=k, 0: not given) and
+// `visible_gpus` how many GPUs this process sees. When both are k, the GPUs this
+// process sees are its own (srun set CUDA_VISIBLE_DEVICES per task), not the node's,
+// so the local rank does not index them: the selection must name one GPU, and that is
+// the one (devices "auto" with k=1: device 0). With k > 1, "auto" selects k GPUs for
+// a one-GPU-per-process strategy, k-1 of which would idle: an error that says to ask
+// --gpus-per-task=1, strategy ddp2 (DDP between tasks, DataParallel over each task's
+// k GPUs) or devices=1. When the process sees another number (srun --gpu-bind=none:
+// every task sees the node's GPUs), the rule above applies.
+int ddp_device_for_local_rank(const DeviceSelection& selection, int local_rank, int local_processes,
+                              int gpus_per_task = 0, int visible_gpus = 0);
 // An explicit index list (Lightning's gpus=[0, 1]); empty: CPU.
 DeviceSelection parse_device_list(const std::vector<int>& indices, int available_gpus);
 

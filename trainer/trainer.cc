@@ -279,7 +279,17 @@ FitResult Trainer::run_fit(TrainingModule& module, std::shared_ptr<const data::D
            "Trainer: num_nodes=", o.num_nodes, " but the launcher (", slurm::launcher_name(env.launcher),
            ") started this job on ", env.num_nodes, " node(s); pass num_nodes=", env.num_nodes,
            " or launch on ", o.num_nodes, " nodes (e.g. srun -N", o.num_nodes, ")");
-  slurm::DeviceSelection selection = slurm::parse_devices(o.devices);
+  slurm::DeviceSelection selection;
+  try {
+    selection = slurm::parse_devices(o.devices);
+  } catch (const slurm::SlurmError& e) {
+    // Lightning's devices=N under SLURM is the node's GPU count; a task bound to GPUs
+    // of its own sees only those, so say what to write.
+    if (env.gpus_per_task == 0) throw;
+    throw slurm::SlurmError(detail::concat(e.what(), ". srun --gpus-per-task=", env.gpus_per_task, " gave this task ",
+                                           env.gpus_per_task, " GPU(s) of its own, and devices names GPUs this "
+                                           "process sees, not the node's: write devices=auto (every task its own)"));
+  }
   RT_CHECK(o.backend != "nccl" || !selection.is_cpu(), "Trainer: backend=nccl needs GPUs, but devices='", o.devices,
            "' trains on the CPU; use backend=ring (or auto), or devices that name GPUs");
   const size_t local_devices = std::max<size_t>(1, selection.cuda_devices.size());
@@ -337,7 +347,9 @@ FitResult Trainer::run_fit(TrainingModule& module, std::shared_ptr<const data::D
     if (strategy == Strategy::kDdp) {
       // one process per GPU on each node (a PMIx-only launch knows no local count: one per rank)
       const int local_processes = env.world_size > 0 ? env.local_world_size : 1;
-      const int index = slurm::ddp_device_for_local_rank(selection, env.local_rank, local_processes);
+      // (srun --gpus-per-task: each task's own GPUs, whatever its local rank)
+      const int index = slurm::ddp_device_for_local_rank(selection, env.local_rank, local_processes,
+                                                         env.gpus_per_task, cuda::device_count());
       cuda::set_device(index);
       device = Device::cuda(index);
     } else {

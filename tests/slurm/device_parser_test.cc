@@ -1,12 +1,14 @@
 // device_parser_test.cc: Lightning's `gpus`/`devices` spellings, as a table.
 #include "slurm/device_parser.h"
 
+#include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "slurm/cluster_environment.h"
 #include "slurm/subprocess.h"
 #include "tensor/cuda/runtime.h"
 
@@ -117,6 +119,118 @@ TEST(DeviceParser, DdpNeedsOneProcessPerGpuOnEachNode) {
   EXPECT_NE(bound.find("--gpus-per-task=1"), std::string::npos) << bound;
   EXPECT_NE(bound.find("--gres=gpu:4 or --gpus-per-node=4"), std::string::npos) << bound;
   EXPECT_NE(error_of([] { ddp_device_for_local_rank(DeviceSelection{}, 0, 1); }), "no error");
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const SlurmError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+// Local task `localid` of `srun -N2 --ntasks-per-node=<per_node> [--gpus-per-task=<k>]` on
+// two nodes, with the variables srun(1) documents for it: SLURM_GPUS_PER_TASK only with
+// --gpus-per-task, and CUDA_VISIBLE_DEVICES per task ("0": with ConstrainDevices every
+// task's GPU is its device 0). Not captured on a GPU cluster (there is none here); the
+// task variables around them are the local cluster's (cluster_environment_test.cc).
+comm::EnvMap srun_gpu_task(int localid, int per_node, const std::string& gpus_per_task) {
+  const int procid = per_node + localid;  // on the second node
+  comm::EnvMap env = {{"SLURM_JOB_ID", "77"},
+                      {"SLURM_JOB_NODELIST", "gpu[1-2]"},
+                      {"SLURM_STEP_NODELIST", "gpu[1-2]"},
+                      {"SLURM_NNODES", "2"},
+                      {"SLURM_NTASKS", std::to_string(2 * per_node)},
+                      {"SLURM_TASKS_PER_NODE", std::to_string(per_node) + "(x2)"},
+                      {"SLURM_STEP_TASKS_PER_NODE", std::to_string(per_node) + "(x2)"},
+                      {"SLURM_STEP_ID", "0"},
+                      {"SLURM_PROCID", std::to_string(procid)},
+                      {"SLURM_LOCALID", std::to_string(localid)},
+                      {"SLURM_NODEID", "1"},
+                      {"CUDA_VISIBLE_DEVICES", "0"}};
+  if (!gpus_per_task.empty()) env["SLURM_GPUS_PER_TASK"] = gpus_per_task;
+  return env;
+}
+
+// srun --gpus-per-task=1: every task sees one GPU, its own; DDP trains each process on
+// it (it used to refuse, unable to tell this from four processes sharing one GPU).
+// Without SLURM_GPUS_PER_TASK nothing says the GPU is the task's own: still refused.
+TEST(DeviceParser, SrunGpusPerTaskGivesEveryTaskItsOwnGpu) {
+  for (int localid = 0; localid < 4; ++localid) {
+    const ClusterEnvironment env = detect_cluster_environment(srun_gpu_task(localid, 4, "1"));
+    ASSERT_EQ(env.launcher, Launcher::kSlurm);
+    EXPECT_EQ(env.gpus_per_task, 1);
+    EXPECT_EQ(env.local_rank, localid);
+    EXPECT_EQ(env.local_world_size, 4);
+    EXPECT_NE(env.describe().find("gpus-per-task 1"), std::string::npos) << env.describe();
+    const int visible = 1;
+    for (const char* devices : {"auto", "1", "-1", "0,", "[0]"}) {
+      EXPECT_EQ(ddp_device_for_local_rank(parse_devices(devices, visible), env.local_rank, env.local_world_size,
+                                          env.gpus_per_task, visible),
+                0)
+          << devices << " local rank " << localid;
+    }
+  }
+  const ClusterEnvironment shared = detect_cluster_environment(srun_gpu_task(2, 4, ""));
+  EXPECT_EQ(shared.gpus_per_task, 0);
+  const std::string refused = error_of([&] {
+    ddp_device_for_local_rank(parse_devices("auto", 1), shared.local_rank, shared.local_world_size,
+                              shared.gpus_per_task, 1);
+  });
+  EXPECT_NE(refused.find("started 4"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("launch with srun --gpus-per-task=1"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("would share one GPU"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("--gres=gpu:4 or --gpus-per-node=4"), std::string::npos) << refused;
+}
+
+// --gpus-per-task=2 with 2 tasks per node: each task sees its own 2 GPUs. The local rank
+// does not index them (local rank 1 took its own second GPU, leaving its first and the
+// other task's second idle). One GPU per process is chosen explicitly, or it is an error
+// that names the launches that use every GPU.
+TEST(DeviceParser, SrunGpusPerTaskAboveOneNeedsOneGpuChosen) {
+  const ClusterEnvironment env = detect_cluster_environment(srun_gpu_task(1, 2, "a100:2"));
+  EXPECT_EQ(env.gpus_per_task, 2);
+  const std::string idle = error_of([&] {
+    ddp_device_for_local_rank(parse_devices("auto", 2), env.local_rank, env.local_world_size, env.gpus_per_task, 2);
+  });
+  EXPECT_NE(idle.find("srun --gpus-per-task=2 gave this process 2 GPUs of its own"), std::string::npos) << idle;
+  EXPECT_NE(idle.find("1 would idle"), std::string::npos) << idle;
+  EXPECT_NE(idle.find("--gpus-per-task=1"), std::string::npos) << idle;
+  EXPECT_NE(idle.find("strategy ddp2"), std::string::npos) << idle;
+  EXPECT_EQ(ddp_device_for_local_rank(parse_devices("1", 2), env.local_rank, env.local_world_size, 2, 2), 0);
+  EXPECT_EQ(ddp_device_for_local_rank(parse_devices("1,", 2), env.local_rank, env.local_world_size, 2, 2), 1);
+}
+
+// SLURM_GPUS_PER_TASK without per-task binding: --gpu-bind=none (every task sees the
+// node's GPUs: the local rank picks one, as with --gres), the batch shell, and the
+// processes torchrun starts inside one srun task (they share the task's GPUs).
+TEST(DeviceParser, SrunGpusPerTaskWithoutBindingUsesTheLocalRank) {
+  const ClusterEnvironment env = detect_cluster_environment(srun_gpu_task(3, 4, "1"));
+  EXPECT_EQ(ddp_device_for_local_rank(parse_devices("auto", 4), env.local_rank, env.local_world_size, 1, 4), 3);
+  const std::string odd = error_of([&] {
+    ddp_device_for_local_rank(parse_devices("auto", 2), env.local_rank, env.local_world_size, 1, 2);
+  });
+  EXPECT_NE(odd.find("this process sees 2 GPU(s), not GPUs of its own"), std::string::npos) << odd;
+
+  comm::EnvMap batch = srun_gpu_task(0, 4, "1");
+  batch.erase("SLURM_STEP_ID");
+  EXPECT_EQ(detect_cluster_environment(batch).gpus_per_task, 0);
+  comm::EnvMap torchrun = srun_gpu_task(0, 1, "4");
+  torchrun.insert({{"MASTER_ADDR", "gpu1"}, {"MASTER_PORT", "29500"}, {"RANK", "5"}, {"WORLD_SIZE", "8"},
+                   {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"}});
+  const ClusterEnvironment inside = detect_cluster_environment(torchrun);
+  EXPECT_EQ(inside.launcher, Launcher::kTorchrun);
+  EXPECT_EQ(inside.gpus_per_task, 0);
+}
+
+TEST(DeviceParser, MalformedGpusPerTaskIsNamed) {
+  for (const char* bad : {"x", "gpu:", "0", "1,x", "2,"}) {
+    const std::string error = error_of([&] { detect_cluster_environment(srun_gpu_task(0, 1, bad)); });
+    EXPECT_NE(error.find("SLURM_GPUS_PER_TASK='"), std::string::npos) << bad << ": " << error;
+    EXPECT_NE(error.find("--gpus-per-task=N"), std::string::npos) << bad << ": " << error;
+  }
+  EXPECT_EQ(detect_cluster_environment(srun_gpu_task(0, 1, "a100:1,v100:1")).gpus_per_task, 2);
 }
 
 TEST(DeviceParser, Describe) {

@@ -10,6 +10,7 @@
 #include <functional>
 #include <iterator>
 #include <span>
+#include <utility>
 
 #include "autograd/functions.h"
 #include "nn/checkpoint.h"
@@ -641,6 +642,39 @@ TEST(TrainerTest, ARequeuedJobWithNothingToResumeFromWarns) {
   err = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(err.find("SLURM_RESTART_COUNT"), std::string::npos) << err;
   fs::remove_all(dir);
+}
+
+// Task 1 of `srun -N1 --ntasks-per-node=2 --gpus-per-task=1`, set for the scope (the
+// outside_slurm.h guard cleared the real job's variables).
+class AnSrunTaskWithItsOwnGpu {
+ public:
+  AnSrunTaskWithItsOwnGpu() {
+    for (const auto& [name, value] : kVars) ::setenv(name, value, 1);
+  }
+  ~AnSrunTaskWithItsOwnGpu() {
+    for (const auto& [name, value] : kVars) ::unsetenv(name);
+  }
+
+ private:
+  static constexpr std::pair<const char*, const char*> kVars[] = {
+      {"SLURM_JOB_ID", "78"},          {"SLURM_JOB_NODELIST", "gpu1"}, {"SLURM_NNODES", "1"},
+      {"SLURM_NTASKS", "2"},           {"SLURM_TASKS_PER_NODE", "2"},  {"SLURM_STEP_ID", "0"},
+      {"SLURM_PROCID", "1"},           {"SLURM_LOCALID", "1"},         {"SLURM_NODEID", "0"},
+      {"SLURM_GPUS_PER_TASK", "1"}};
+};
+
+// Lightning's devices=N is the node's GPU count; under srun --gpus-per-task a process
+// sees only its own GPUs, so such a count cannot be met: the error says what to write
+// (before rendezvous: nothing waits for the other task). 64: more than any machine
+// running this has, so the count fails there too.
+TEST(TrainerTest, DevicesBeyondATasksOwnGpusSayWhatToWriteUnderGpusPerTask) {
+  AnSrunTaskWithItsOwnGpu task;
+  BlobClassifier m;
+  TrainerOptions o = quiet({.strategy = "ddp", .max_epochs = 1});
+  o.devices = "64";
+  expect_error([&] { Trainer(o).fit(m, blobs(32, 1)); },
+               {"devices=64 asks for 64 GPUs", "srun --gpus-per-task=1 gave this task 1 GPU(s) of its own",
+                "write devices=auto"});
 }
 
 }  // namespace
