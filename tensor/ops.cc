@@ -148,14 +148,25 @@ Tensor scalar_op(BinaryOp op, const Tensor& a, double b) {
   return out;
 }
 
-// reduce_mask[d] for the given dims (all dims when empty); throws on repeats.
+// A reduction's dim, wrapped. A 0-d tensor accepts dim 0 and -1, as PyTorch (its one element
+// reduced to a 0-d result); the wrapped value is then 0.
+int64_t wrap_reduction_dim(int64_t dim, const Tensor& a, const char* op) {
+  if (a.dim() > 0) return wrap_dim(dim, a.dim(), op);
+  RT_CHECK(dim == 0 || dim == -1, op, ": dim ", dim, " is out of range for the 0-d tensor ", a.describe(),
+           " (a 0-d tensor takes dim 0 or -1, or no dims)");
+  return 0;
+}
+
+// reduce_mask[d] for the given dims (all dims when empty); throws on repeats. A 0-d tensor
+// takes dim 0 (or -1) and has an empty mask whatever the dims.
 std::vector<bool> reduction_mask(const Tensor& a, const std::vector<int64_t>& dims, const char* op) {
-  std::vector<bool> mask(a.dim(), dims.empty());
+  std::vector<bool> mask(std::max<int64_t>(a.dim(), 1), dims.empty());
   for (int64_t d : dims) {
-    int64_t w = wrap_dim(d, a.dim(), op);
+    int64_t w = wrap_reduction_dim(d, a, op);
     RT_CHECK(!mask[w], op, ": dim ", d, " appears twice in the reduction dims");
     mask[w] = true;
   }
+  mask.resize(a.dim());
   return mask;
 }
 
@@ -496,6 +507,12 @@ Tensor amin(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
 
 std::pair<Tensor, Tensor> max(const Tensor& a, int64_t dim, bool keepdim) {
   check_defined(a, "max", "input");
+  // A 0-d tensor takes dim 0 or -1 (as PyTorch) and gives a 0-d value and index 0, keepdim or not.
+  if (a.dim() == 0) {
+    wrap_reduction_dim(dim, a, "max");
+    auto [values, indices] = max(a.reshape({1}), 0, /*keepdim=*/false);
+    return {values, indices};
+  }
   int64_t d = wrap_dim(dim, a.dim(), "max");
   RT_CHECK(a.shape()[d] > 0, "max: cannot take the max over the empty dim ", d, " of ", a.describe());
   Shape kept = a.shape();

@@ -176,6 +176,7 @@ Tensor operator/(const Tensor& a, double b);
 // (unlike PyTorch, whose integer sums return int64): an int32 sum that leaves the
 // int32 range is cast back with two's-complement wrap-around, and an int64 sum
 // wraps the same way. Convert with .to(DType::kInt64) first to get the full sum.
+// As PyTorch, a 0-d tensor takes dim 0 or -1 (its one element; the result is 0-d, keepdim too).
 Tensor sum(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor mean(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor amax(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);

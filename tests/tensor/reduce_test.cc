@@ -222,6 +222,44 @@ TEST(MaxAlong, NegativeDimAndFlattenedArgmax) {
   EXPECT_EQ(am.item(), fi.data[0]);
 }
 
+// As PyTorch, a 0-d tensor takes dim 0 or -1 in every reduction: the result is 0-d (keepdim
+// too), the value its one element, the index 0. Any other dim, or 0 and -1 together, throws.
+TEST(Reduce, ZeroDimTensorTakesDimZeroOrMinusOne) {
+  Tensor x = scalar_tensor(-2.5);
+  for (int64_t dim : {0, -1}) {
+    for (bool keepdim : {false, true}) {
+      SCOPED_TRACE("dim " + std::to_string(dim) + (keepdim ? " keepdim" : ""));
+      for (const Tensor& r : {sum(x, {dim}, keepdim), mean(x, {dim}, keepdim), amax(x, {dim}, keepdim),
+                              amin(x, {dim}, keepdim), max(x, dim, keepdim).first}) {
+        EXPECT_EQ(r.dim(), 0);
+        EXPECT_EQ(r.dtype(), DType::kFloat32);
+        EXPECT_EQ(r.item(), -2.5);
+      }
+      auto [v, i] = max(x, dim, keepdim);
+      EXPECT_EQ(i.dim(), 0);
+      EXPECT_EQ(i.dtype(), DType::kInt64);
+      EXPECT_EQ(i.item<int64_t>(), 0);
+      Tensor am = argmax(x, dim, keepdim);
+      EXPECT_EQ(am.dim(), 0);
+      EXPECT_EQ(am.item<int64_t>(), 0);
+    }
+  }
+  Tensor big = Tensor::from_vector<int64_t>({INT64_MAX}, {});
+  EXPECT_EQ(sum(big, {0}).item<int64_t>(), INT64_MAX);
+  EXPECT_EQ(amin(big, {-1}, true).item<int64_t>(), INT64_MAX);
+  for (int64_t bad : {1, -2}) {
+    try {
+      sum(x, {bad});
+      ADD_FAILURE() << "dim " << bad << " of a 0-d tensor was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("takes dim 0 or -1"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(max(x, bad), Error);
+    EXPECT_THROW(mean(x, {bad}), Error);
+  }
+  EXPECT_THROW(sum(x, {0, -1}), Error);  // the same dim twice
+}
+
 TEST(MaxAlong, NaNIsTheMaximum) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   Tensor a = from_ref(RefTensor({2, 4}, std::vector<double>{1, nan, 7, nan, 2, 9, 9, 3}), DType::kFloat32);
