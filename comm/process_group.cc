@@ -819,8 +819,9 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) {
   // itself a collective over the parent (MPI_Comm_split) needs every rank; the others
   // return nullptr for them.
   const std::string child_prefix = child.prefix;
+  std::shared_ptr<ProcessGroup> subgroup;
   try {
-    return create_subgroup(std::move(child), color, key);
+    subgroup = create_subgroup(std::move(child), color, key);
   } catch (const std::exception& e) {
     // The sub-group's other members may be waiting for this rank in its setup: tell
     // them why it will not come (the parent group itself is not failed).
@@ -830,6 +831,31 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) {
                        -1, child_prefix);
     throw;
   }
+  // abort() from another thread may have landed after the waits above (every member's
+  // key was in the store already, so they never looked), while the sub-group was being
+  // built: this split was in flight, so it fails with the reason, as a collective would,
+  // instead of handing out a child of an aborted group
+  // (SubGroups.AbortFromAnotherThreadWhileTheSubGroupIsBuiltFailsTheSplit). The backend's
+  // split has run on the peers (MPI_Comm_split needs every rank), so the sub-group is
+  // aborted too: their first use of it fails with the reason instead of waiting for
+  // this rank.
+  std::exception_ptr failure;
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    if (failed_) failure = failure_;
+  }
+  if (!failure) return subgroup;
+  if (subgroup) {
+    std::string why = "its parent group failed";
+    try {
+      std::rethrow_exception(failure);
+    } catch (const std::exception& e) {
+      why = e.what();
+    } catch (...) {
+    }
+    subgroup->abort(detail::concat("split #", split_index, " of its parent group was cut short (", why, ")"));
+  }
+  std::rethrow_exception(failure);
 }
 
 }  // namespace ringtrain::comm

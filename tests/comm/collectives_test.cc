@@ -776,6 +776,55 @@ TEST(SubGroups, AbortFromAnotherThreadEndsAWaitingSplit) {
   g_pg->barrier().wait();
 }
 
+// The other ordering: every member's split key is in the store before rank 0 splits, so
+// rank 0's waits for the keys return at once and never look at the group's state; the
+// abort lands while rank 0 builds the sub-group (the others come 1.5 s later). The split
+// was in flight and fails with the reason; it used to return the child of an aborted
+// group. The others' first use of that child fails with the same reason.
+TEST(SubGroups, AbortFromAnotherThreadWhileTheSubGroupIsBuiltFailsTheSplit) {
+  const int r = g_pg->rank();
+  auto sub = g_pg->split(0, r);
+  ASSERT_NE(sub, nullptr);
+  const std::string reason = "watchdog: aborted while the sub-group was built";
+  if (r != 0) {
+    // What sub->split(0, r) will publish as its first step (process_group.cc: key
+    // <prefix>/split<index>/<rank>, value [color, key]), published ahead of time. sub
+    // is split #k of the world group, the last one whose key rank 0 published.
+    Store& store = g_pg->store();
+    int k = 0;
+    while (store.try_get("rt/world/split" + std::to_string(k + 1) + "/0")) ++k;
+    EXPECT_TRUE(store.try_get("rt/world/split" + std::to_string(k) + "/0"));
+    store.set("rt/world/split" + std::to_string(k) + "/color0/split0/" + std::to_string(r),
+              "[0," + std::to_string(r) + "]");
+  }
+  g_pg->barrier().wait();
+  std::string error;
+  if (r == 0) {
+    std::thread watchdog([&] {
+      std::this_thread::sleep_for(300ms);
+      sub->abort(reason);
+    });
+    try {
+      auto child = sub->split(0, 0);
+      error = "split returned a sub-group";
+    } catch (const CommError& e) {
+      error = e.what();
+    }
+    watchdog.join();
+  } else {
+    std::this_thread::sleep_for(1500ms);
+    try {
+      auto child = sub->split(0, r);
+      if (child) child->barrier().wait();
+      error = child ? "a barrier on the sub-group succeeded" : "split returned no sub-group";
+    } catch (const CommError& e) {
+      error = e.what();
+    }
+  }
+  EXPECT_THAT(error, ::testing::HasSubstr(reason));
+  g_pg->barrier().wait();
+}
+
 }  // namespace
 }  // namespace ringtrain::comm
 
