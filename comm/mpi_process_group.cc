@@ -84,8 +84,13 @@ class MpiProcessGroup final : public ProcessGroup {
     ensure_mpi_initialized();
     int mpi_rank = 0;
     int mpi_size = 0;
-    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank));
-    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &mpi_size));
+    // Groups of an earlier init_process_group may still poll on their comm threads: every
+    // MPI call here is serialized with theirs (mpi_call_mutex).
+    {
+      std::lock_guard<std::mutex> lock(mpi_call_mutex());
+      MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank));
+      MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &mpi_size));
+    }
     if (mpi_size != size() || mpi_rank != rank()) {
       throw CommError(detail::concat(
           "mpi backend: MPI sees rank ", mpi_rank, " of ", mpi_size, " but the job has rank ",
@@ -93,15 +98,21 @@ class MpiProcessGroup final : public ProcessGroup {
           "(or srun --mpi=pmix), not by ringrun or by hand"));
     }
     MPI_Comm dup = MPI_COMM_NULL;
-    MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &dup));
+    {
+      // a collective that waits for every rank: the mutex only where MPI needs it (as
+      // around MPI_Comm_split below)
+      std::unique_lock<std::mutex> lock(mpi_call_mutex(), std::defer_lock);
+      if (!mpi_thread_multiple()) lock.lock();
+      MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &dup));
+    }
     comm_ = MpiComm(dup);
-    MPI_CHECK(MPI_Comm_set_errhandler(comm_.get(), MPI_ERRORS_RETURN));
+    set_error_handler();
     start();
   }
   // A sub-group: comm is the result of MPI_Comm_split.
   MpiProcessGroup(GroupContext context, MpiComm comm)
       : ProcessGroup(std::move(context)), comm_(std::move(comm)) {
-    MPI_CHECK(MPI_Comm_set_errhandler(comm_.get(), MPI_ERRORS_RETURN));
+    set_error_handler();
     start();
   }
   ~MpiProcessGroup() override { stop(); }
@@ -225,6 +236,13 @@ class MpiProcessGroup final : public ProcessGroup {
   }
 
  private:
+  // Errors come back as codes (MPI_CHECK names them) instead of aborting the job. Other
+  // groups' comm threads are polling meanwhile: serialized with them.
+  void set_error_handler() {
+    std::lock_guard<std::mutex> lock(mpi_call_mutex());
+    MPI_CHECK(MPI_Comm_set_errhandler(comm_.get(), MPI_ERRORS_RETURN));
+  }
+
   // Polls the request: spin a little (latency), then yield the core. Every
   // kMemberCheck it also looks in the store for a member that failed (one that threw,
   // or aborted this group, stays alive and never joins this collective: MPI would

@@ -43,17 +43,27 @@ std::mutex& mpi_call_mutex() {
   return mutex;
 }
 
-MpiComm::~MpiComm() {
+// Frees `comm` unless MPI is already finalized. Another group's comm thread may be in
+// MPI_Test meanwhile: without MPI_THREAD_MULTIPLE, MPI requires the calls serialized,
+// so this takes mpi_call_mutex like every other MPI call. With it, no mutex, as for
+// MPI_Comm_split: MPI_Comm_free is a collective in the standard, and one that waited
+// for the peers under the mutex would hold every other MPI call of this process.
+// (MPI_Finalized may be called from any thread at any time.)
+void MpiComm::free() {
+  if (comm_ == MPI_COMM_NULL) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
+  if (finalized) return;
+  std::unique_lock<std::mutex> lock(mpi_call_mutex(), std::defer_lock);
+  if (!mpi_thread_multiple()) lock.lock();
+  MPI_Comm_free(&comm_);
 }
+
+MpiComm::~MpiComm() { free(); }
 
 MpiComm& MpiComm::operator=(MpiComm&& other) noexcept {
   if (this != &other) {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
+    free();
     comm_ = other.comm_;
     other.comm_ = MPI_COMM_NULL;
   }

@@ -16,7 +16,9 @@
 namespace ringtrain::comm {
 
 void ensure_mpi_initialized();
-// True when MPI granted MPI_THREAD_MULTIPLE (then the mutex is still used; it is cheap).
+// True when MPI granted MPI_THREAD_MULTIPLE (then the mutex is still used; it is cheap),
+// except around calls that may wait for the peers (MPI_Comm_split, MPI_Comm_dup,
+// MPI_Comm_free), which take it only without MPI_THREAD_MULTIPLE.
 bool mpi_thread_multiple();
 std::mutex& mpi_call_mutex();
 
@@ -33,6 +35,8 @@ class MpiComm {
   MPI_Comm get() const { return comm_; }
 
  private:
+  void free();  // MPI_Comm_free, serialized with the other MPI calls (see mpi_call_mutex)
+
   MPI_Comm comm_ = MPI_COMM_NULL;
 };
 
