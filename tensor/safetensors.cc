@@ -42,6 +42,8 @@ class FileDescriptor {
 
 // What syncs the directory after the rename: ::fsync, or a test's stand-in.
 std::atomic<DirectoryFsync> directory_fsync{&::fsync};
+// What closes the temporary file: ::close, or a test's stand-in.
+std::atomic<FileClose> file_close{&::close};
 
 void write_all(int fd, const char* data, size_t n, const std::string& path) {
   while (n > 0) {
@@ -67,12 +69,15 @@ void write_file_atomically(const std::string& path, const std::string& bytes) {
       write_all(fd.get(), bytes.data(), bytes.size(), temp);
       RT_CHECK(::fsync(fd.get()) == 0, "write_file_atomically: fsync of ", temp, " failed: ",
                std::strerror(errno));
+      // Inside the try: a failed close (EIO from a network file system, say) must not leave
+      // the temporary file behind either. The descriptor is released first: after close()
+      // returns, even with an error, it is gone and must not be closed again.
+      RT_CHECK(file_close.load()(fd.release()) == 0, "write_file_atomically: close of ", temp,
+               " failed: ", std::strerror(errno), " (", path, " was left unchanged)");
     } catch (...) {
       ::unlink(temp.c_str());
       throw;
     }
-    RT_CHECK(::close(fd.release()) == 0, "write_file_atomically: close of ", temp, " failed: ",
-             std::strerror(errno));
   }
   if (::rename(temp.c_str(), path.c_str()) != 0) {
     int err = errno;
@@ -102,6 +107,10 @@ void write_file_atomically(const std::string& path, const std::string& bytes) {
 
 DirectoryFsync set_directory_fsync_for_testing(DirectoryFsync fsync_fn) {
   return directory_fsync.exchange(fsync_fn != nullptr ? fsync_fn : &::fsync);
+}
+
+FileClose set_file_close_for_testing(FileClose close_fn) {
+  return file_close.exchange(close_fn != nullptr ? close_fn : &::close);
 }
 
 const char* safetensors_dtype_code(DType dtype) {

@@ -57,4 +57,9 @@ void write_file_atomically(const std::string& path, const std::string& bytes);
 using DirectoryFsync = int (*)(int fd);
 DirectoryFsync set_directory_fsync_for_testing(DirectoryFsync fsync_fn);
 
+// For tests: the function write_file_atomically closes the temporary file with (::close by
+// default; nullptr puts ::close back). Returns the previous one.
+using FileClose = int (*)(int fd);
+FileClose set_file_close_for_testing(FileClose close_fn);
+
 }  // namespace ringtrain

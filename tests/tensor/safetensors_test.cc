@@ -3,6 +3,7 @@
 #include "tensor/safetensors.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -302,6 +303,41 @@ TEST_F(SafetensorsTest, AFailedDirectoryFsyncIsReportedNotIgnored) {
   // And the real ::fsync is back.
   EXPECT_NO_THROW(write_file_atomically(path("b.json"), "{}"));
   EXPECT_EQ(g_directory_fsyncs, 1);
+}
+
+// A close that really closes the descriptor (no leak) but reports EIO, as a network file
+// system may when the data cannot be written back; counts its calls.
+int g_file_closes = 0;
+int failing_close(int fd) {
+  ++g_file_closes;
+  ::close(fd);
+  errno = EIO;
+  return -1;
+}
+
+// A failed close of the temporary file is an error like a failed write or fsync: the save
+// throws naming the close, the previous file stays as it was, and the temporary is removed
+// (it was left behind, the close being outside the cleanup).
+TEST_F(SafetensorsTest, AFailedCloseOfTheTemporaryRemovesItAndKeepsThePreviousFile) {
+  save_safetensors(path("m.safetensors"), {{"w", ones({2})}});
+  g_file_closes = 0;
+  set_file_close_for_testing(&failing_close);
+  try {
+    save_safetensors(path("m.safetensors"), {{"w", zeros({3})}});
+    ADD_FAILURE() << "a failed close was not reported";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("close of"), std::string::npos) << what;
+    EXPECT_NE(what.find(std::strerror(EIO)), std::string::npos) << what;
+  }
+  set_file_close_for_testing(nullptr);
+  EXPECT_EQ(g_file_closes, 1);
+  EXPECT_FALSE(fs::exists(dir_ / (".m.safetensors.tmp." + std::to_string(::getpid()))));
+  EXPECT_EQ(load_safetensors(path("m.safetensors")).at("w").to_vector<float>(), (std::vector<float>{1, 1}));
+  // And the real ::close is back.
+  EXPECT_NO_THROW(save_safetensors(path("m.safetensors"), {{"w", zeros({3})}}));
+  EXPECT_EQ(g_file_closes, 1);
+  EXPECT_EQ(load_safetensors(path("m.safetensors")).at("w").numel(), 3);
 }
 
 }  // namespace
