@@ -418,8 +418,10 @@ std::pair<Tensor, Tensor> max(const Tensor& a, int64_t dim, bool keepdim) {
                     positions_shape[d] = shape[d];
                     Tensor positions = rt::arange(0, static_cast<double>(shape[d]), 1.0, DType::kInt64,
                                                   g.device()).reshape(positions_shape);
-                    Tensor hit = rt::eq(positions, idx_kept).to(g.dtype());  // one-hot along d
-                    return {rt::mul(hit, g.reshape(kept))};
+                    // where, not a one-hot product: an inf or NaN in g stays at the index (0 * inf
+                    // would put NaN in every other element of its row, where PyTorch has 0).
+                    Tensor hit = rt::eq(positions, idx_kept);  // one-hot along d
+                    return {rt::where(hit, g.reshape(kept), zero_like_scalar(g))};
                   });
   return {values, indices};
 }

@@ -518,6 +518,16 @@ TEST(Engine, InPlaceWriteToTheIndicesMaxReturnedIsCaught) {
   EXPECT_EQ(values(grad(y)), (std::vector<float>{0, 1, 0, 0, 0, 1}));
 }
 
+// max(a, dim)'s gradient is exactly 0 off the returned index, whatever the incoming gradient:
+// it was a one-hot mask times g, so an inf (or NaN) in g made every element of its row NaN
+// (0 * inf); PyTorch scatters g to the index and leaves 0 elsewhere.
+TEST(Engine, MaxAlongADimKeepsANonFiniteGradientAtItsIndex) {
+  Tensor x = param({1, 3, 2, 4, 0, 5}, {2, 3});
+  backward(ag::max(x, 1).first, Tensor::from_vector<float>({INFINITY, 2}, {2}));
+  const std::vector<float> got = values(grad(x));
+  EXPECT_EQ(got, (std::vector<float>{0, INFINITY, 0, 0, 0, 2}));
+}
+
 // Without weight and bias, BatchNorm's and LayerNorm's output is the xhat their backward
 // reads. An in-place write to that output (y.mul_(2)) used to change the gradient silently;
 // xhat is now saved through the version check, so the backward names the op instead.
