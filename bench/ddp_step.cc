@@ -24,7 +24,10 @@
 // drifts by 10% over a minute; timed in blocks, whichever configuration ran in a
 // slow minute looked worse (t_local was once 27.8 ms against 23 ms in the run
 // before). Interleaved, a drift moves all configurations alike.
-// Correctness while timing: after the rounds, for each DDP configuration, (1) every
+// Correctness while timing: after the rounds, (0) t_local's model, after every step it
+// ran, must have moved as a fresh model from the same weights moves in as many steps
+// on the same batch, replayed alone (each parameter's change within 1e-3 of the
+// largest element of the replay's change); then for each DDP configuration, (1) every
 // rank's parameters must be bit-identical (a checksum per rank, compared across
 // ranks), and (2) one more DDP backward must give each parameter the gradient one
 // process computes on the global batch (every rank's data, rebuilt from the seeds)
@@ -154,6 +157,27 @@ int gradients_differ(nn::Module& ddp_model, nn::Module& reference, double rtol, 
   return differ;
 }
 
+// The number of parameters of `model` whose change since `initial` (the weights both
+// started from) is not `reference`'s change, within rtol of the largest element of
+// reference's change. Changes, not weights: a step is ~1e-3 of a weight, so a step
+// missing from `model` would hide inside any tolerance on the weights themselves.
+int changes_differ(nn::Module& model, nn::Module& reference, nn::Module& initial, double rtol, int rank,
+                   const char* what) {
+  int differ = 0;
+  auto mine = model.named_parameters(), ref = reference.named_parameters(), start = initial.named_parameters();
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const Tensor change = sub(mine[i].second, start[i].second), ref_change = sub(ref[i].second, start[i].second);
+    const double scale = amax(abs(ref_change)).to(Device::cpu()).item();
+    const double err = max_abs_diff(change, ref_change);
+    if (!(err <= rtol * scale)) {
+      std::fprintf(stderr, "ddp_step: rank %d: %s: the change of '%s' differs from the reference's by %.3g "
+                   "(its largest element %.3g)\n", rank, what, mine[i].first.c_str(), err, scale);
+      ++differ;
+    }
+  }
+  return differ;
+}
+
 // A bucket cap in MiB that DdpOptions can take: at least one byte, at most 1 TiB.
 CLI::Validator bucket_cap_mib() {
   return CLI::Validator(
@@ -268,7 +292,9 @@ int run(int argc, char** argv, std::shared_ptr<comm::ProcessGroup>& pg) {
   auto local_model = make_mlp(c, 1);
   local_model->to(device);
   nn::SGD local_opt(local_model->parameters(), {.lr = 0.01});
+  int local_steps = 0;  // every call, warm-up and timed: the replay below runs as many
   auto local_step = [&] {
+    ++local_steps;
     local_opt.zero_grad();
     autograd::backward(ag::cross_entropy(local_model->forward(x), y));
     local_opt.step();
@@ -383,6 +409,23 @@ int run(int argc, char** argv, std::shared_ptr<comm::ProcessGroup>& pg) {
     }
   }
   {
+    // t_local's result: its model after every step it ran, against a fresh model from
+    // the same weights trained as many steps on the same batch alone (no DDP model
+    // beside it, no barrier, no timing). A timed step that skipped its update or its
+    // backward, or that anything else touched, ends elsewhere.
+    auto replay = make_mlp(c, 1), initial = make_mlp(c, 1);
+    replay->to(device);
+    initial->to(device);
+    nn::SGD replay_opt(replay->parameters(), {.lr = 0.01});
+    for (int i = 0; i < local_steps; ++i) {
+      replay_opt.zero_grad();
+      autograd::backward(ag::cross_entropy(replay->forward(x), y));
+      replay_opt.step();
+    }
+    finish();
+    if (changes_differ(*local_model, *replay, *initial, 1e-3, rank, "t_local's model") > 0) ++wrong;
+  }
+  {
     // The gradients themselves: one more DDP backward per configuration against one
     // process's backward on the global batch with the same weights.
     std::vector<Tensor> xs, ys;
@@ -457,8 +500,9 @@ int run(int argc, char** argv, std::shared_ptr<comm::ProcessGroup>& pg) {
     } else {
       std::printf("hidden fraction h: n/a (one rank communicates nothing)\n");
     }
-    std::printf("# replicas identical, DDP gradients equal to the global batch's and t_comm's allreduces equal to "
-                "the average, every configuration: #wrong = %d\n", wrong);
+    std::printf("# t_local's model equal to its %d steps replayed alone; replicas identical, DDP gradients equal "
+                "to the global batch's and t_comm's allreduces equal to the average, every configuration: "
+                "#wrong = %d\n", local_steps, wrong);
     if (!c.json_out.empty()) {
       nlohmann::json j = {{"world", world}, {"backend", c.backend}, {"device", device.str()}, {"t_local_ms", t_local},
                          {"h", world > 1 ? nlohmann::json(h) : nlohmann::json(nullptr)},

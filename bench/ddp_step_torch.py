@@ -9,7 +9,10 @@ SGD, default DDP bucket caps (25 MiB, first 1 MiB). Timed as bench/ddp_step is:
 local and DDP steps in alternating rounds (one warm-up step, then --steps timed,
 per configuration per round), each step the slowest rank's time (max over ranks),
 medians over all rounds.
-Correctness while timing, as in bench/ddp_step: the replicas must hold identical
+Correctness while timing, as in bench/ddp_step: the local model, after every step it
+ran, must have moved as a fresh model from the same weights moves in as many steps
+on the same batch, replayed alone (each parameter's change within 1e-3 of the largest
+element of the replay's change); the replicas must hold identical
 parameters at the end, and one more DDP backward must give every parameter the
 gradient one process computes on the global batch (every rank's data, rebuilt from
 the seeds) with the same weights, within 1e-4 of that parameter's largest gradient.
@@ -82,7 +85,11 @@ def main():
     local = make_mlp(a)
     opt_local = torch.optim.SGD(local.parameters(), lr=0.01)
 
+    local_steps = 0  # every call, warm-up and timed: the replay below runs as many
+
     def local_step():
+        nonlocal local_steps
+        local_steps += 1
         opt_local.zero_grad()
         loss_fn(local(x), y).backward()
         opt_local.step()
@@ -112,6 +119,25 @@ def main():
         dist.all_reduce(lo, op=dist.ReduceOp.MIN)
         dist.all_reduce(hi, op=dist.ReduceOp.MAX)
     wrong = int(lo.item() != hi.item())
+    # The local model's result: its change since the initial weights against a replay of
+    # its steps alone (changes, not weights: one step is ~1e-3 of a weight).
+    replay, initial = make_mlp(a), make_mlp(a)
+    opt_replay = torch.optim.SGD(replay.parameters(), lr=0.01)
+    for _ in range(local_steps):
+        opt_replay.zero_grad()
+        loss_fn(replay(x), y).backward()
+        opt_replay.step()
+    with torch.no_grad():
+        for (name, p_local), p_replay, p_initial in zip(local.named_parameters(), replay.parameters(),
+                                                        initial.parameters()):
+            change, replay_change = p_local - p_initial, p_replay - p_initial
+            err = (change - replay_change).abs().max().item()
+            scale = replay_change.abs().max().item()
+            if not err <= 1e-3 * scale:
+                print(f"ddp_step_torch: rank {rank}: the local model: the change of '{name}' differs from its "
+                      f"{local_steps} steps replayed alone by {err:.3g} (largest element {scale:.3g})",
+                      file=sys.stderr)
+                wrong = 1
     # The gradients themselves, against one process on the global batch.
     opt.zero_grad()
     loss_fn(model(x), y).backward()
@@ -131,6 +157,8 @@ def main():
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     wrong = int(flag.item())
     if rank == 0:
+        print(f"# local model equal to its {local_steps} steps replayed alone, replicas identical, DDP gradients "
+              f"equal to the global batch's: #wrong = {wrong}", file=sys.stderr)
         result = {"world": world, "torch": torch.__version__, "t_local_ms": t_local, "t_ddp_ms": t_ddp, "wrong": wrong}
         print(json.dumps(result))
         if a.json:
