@@ -122,6 +122,22 @@ Batch rank_slice(const Batch& b) {
   return {b.x.narrow(0, start, kPerRankBatch).contiguous(), b.y.narrow(0, start, kPerRankBatch).contiguous()};
 }
 
+// The global batch of `step` on g_device.
+Batch device_batch(int step) {
+  Batch b = global_batch(step);
+  return {b.x.to(g_device), b.y.to(g_device)};
+}
+
+// One forward and backward of this rank's slice through DDP, inside no_sync() if asked.
+void ddp_backward(DistributedDataParallel& ddp, const Batch& local, bool no_sync) {
+  if (no_sync) {
+    auto guard = ddp.no_sync();
+    autograd::backward(ag::cross_entropy(ddp(local.x), local.y));
+  } else {
+    autograd::backward(ag::cross_entropy(ddp(local.x), local.y));
+  }
+}
+
 // Returns at the first mismatch (one message, not thousands); the caller goes on, so
 // that every rank issues the same collectives afterwards.
 void expect_same_parameters(nn::Module& a, nn::Module& b, double rtol = 1e-5) {
@@ -152,15 +168,9 @@ void run_and_compare(DistributedDataParallel& ddp, nn::Module& reference, Opt op
     opt_ddp->zero_grad();
     opt_ref->zero_grad();
     for (int micro = 0; micro < micro_batches; ++micro) {
-      Batch global = global_batch(step * 10 + micro);
-      global = {global.x.to(g_device), global.y.to(g_device)};
-      Batch local = rank_slice(global);
-      if (micro + 1 < micro_batches) {
-        auto guard = ddp.no_sync();  // accumulate locally, reduce on the last micro-batch
-        autograd::backward(ag::cross_entropy(ddp(local.x), local.y));
-      } else {
-        autograd::backward(ag::cross_entropy(ddp(local.x), local.y));
-      }
+      Batch global = device_batch(step * 10 + micro);
+      // accumulate locally (no_sync), reduce on the last micro-batch
+      ddp_backward(ddp, rank_slice(global), /*no_sync=*/micro + 1 < micro_batches);
       autograd::backward(ag::cross_entropy(reference.forward(global.x), global.y));
     }
     opt_ddp->step();
@@ -176,6 +186,41 @@ void train_and_compare(std::shared_ptr<nn::Module> model, std::shared_ptr<nn::Mo
   DistributedDataParallel ddp(model, g_world, options);
   run_and_compare(ddp, *reference, opt, steps, micro_batches);
 }
+
+// The setup the TwoBranch tests that drive each step themselves share: the model
+// (initialized differently on each rank, which DDP's construction broadcast must undo)
+// and its one-process reference, both on g_device; DDP over the world group; an SGD for
+// each. A test runs its forwards and backwards between zero_grad() and step_and_compare().
+struct TwoBranchRun {
+  TwoBranchRun(uint64_t seed, const DdpOptions& options, nn::SGDOptions sgd = {.lr = 0.1, .momentum = 0.9})
+      : model(make_on_device(seed + static_cast<uint64_t>(g_world->rank()))),
+        reference(make_on_device(seed)),
+        ddp(model, g_world, options),
+        opt_ddp(model->parameters(), sgd),
+        opt_ref(reference->parameters(), sgd) {}
+
+  void zero_grad() {
+    opt_ddp.zero_grad();
+    opt_ref.zero_grad();
+  }
+  // Steps both and compares them; no early return on a mismatch (see expect_same_parameters).
+  void step_and_compare() {
+    opt_ddp.step();
+    opt_ref.step();
+    expect_same_parameters(*model, *reference);
+  }
+
+  static std::shared_ptr<TwoBranch> make_on_device(uint64_t seed) {
+    Generator gen(seed);
+    auto m = std::make_shared<TwoBranch>(gen);
+    m->to(g_device);
+    return m;
+  }
+
+  std::shared_ptr<TwoBranch> model, reference;
+  DistributedDataParallel ddp;
+  nn::SGD opt_ddp, opt_ref;
+};
 
 // Every test of this suite runs on every rank. TearDown has the ranks agree on the
 // outcome (one small allgather on the world group): a failure recorded on one rank
@@ -404,43 +449,25 @@ TEST_F(DdpMultiRank, StaticGraphLearnsTheUnusedSetInStepOne) {
 TEST_F(DdpMultiRank, NoSyncGradientOfAParameterTheSyncedBackwardDoesNotUseIsReduced) {
   for (bool as_view : {false, true}) {
     SCOPED_TRACE(as_view ? "gradient_as_bucket_view" : "copying mode");
-    Generator g1(43 + g_world->rank()), g2(43);
-    auto model = std::make_shared<TwoBranch>(g1);
-    auto reference = std::make_shared<TwoBranch>(g2);
-    model->to(g_device);
-    reference->to(g_device);
-    DistributedDataParallel ddp(model, g_world,
-                                DdpOptions{.bucket_cap_bytes = 2048, .first_bucket_bytes = 512,
-                                           .find_unused_parameters = true, .gradient_as_bucket_view = as_view});
-    nn::SGD opt_ddp(model->parameters(), nn::SGDOptions{.lr = 0.1, .momentum = 0.9});
-    nn::SGD opt_ref(reference->parameters(), nn::SGDOptions{.lr = 0.1, .momentum = 0.9});
+    TwoBranchRun run(43, DdpOptions{.bucket_cap_bytes = 2048, .first_bucket_bytes = 512,
+                                    .find_unused_parameters = true, .gradient_as_bucket_view = as_view});
     for (int step = 0; step < 3; ++step) {
-      opt_ddp.zero_grad();
-      opt_ref.zero_grad();
+      run.zero_grad();
       for (int micro = 0; micro < 2; ++micro) {
         // micro-batch 0 (no_sync) uses the branch, micro-batch 1 (synced) does not.
-        model->use_unused = reference->use_unused = micro == 0;
-        Batch global = global_batch(step * 10 + micro);
-        global = {global.x.to(g_device), global.y.to(g_device)};
-        Batch local = rank_slice(global);
-        if (micro == 0) {
-          auto guard = ddp.no_sync();
-          autograd::backward(ag::cross_entropy(ddp(local.x), local.y));
-        } else {
-          autograd::backward(ag::cross_entropy(ddp(local.x), local.y));
-        }
-        autograd::backward(ag::cross_entropy(reference->forward(global.x), global.y));
+        run.model->use_unused = run.reference->use_unused = micro == 0;
+        Batch global = device_batch(step * 10 + micro);
+        ddp_backward(run.ddp, rank_slice(global), /*no_sync=*/micro == 0);
+        autograd::backward(ag::cross_entropy(run.reference->forward(global.x), global.y));
       }
-      Tensor got = autograd::grad(model->param("unused.weight"));
+      Tensor got = autograd::grad(run.model->param("unused.weight"));
       EXPECT_TRUE(got.defined()) << "the no_sync gradient of unused.weight was dropped on rank "
                                  << g_world->rank();
       if (got.defined()) {
-        EXPECT_LT(max_abs_diff(got, autograd::grad(reference->param("unused.weight"))), 1e-5)
+        EXPECT_LT(max_abs_diff(got, autograd::grad(run.reference->param("unused.weight"))), 1e-5)
             << "step " << step << " rank " << g_world->rank();
       }
-      opt_ddp.step();
-      opt_ref.step();
-      expect_same_parameters(*model, *reference);  // no early return: see the top
+      run.step_and_compare();
     }
   }
 }
@@ -450,38 +477,26 @@ TEST_F(DdpMultiRank, NoSyncGradientOfAParameterTheSyncedBackwardDoesNotUseIsRedu
 // incomplete from step 2 on, while rank 0 waited for it in the allreduce (a hang).
 // The reference: one process computing the same mean of the ranks' losses.
 TEST_F(DdpMultiRank, StaticGraphWithAParameterOnlyRankZeroUsesTrainsLikeOneProcess) {
-  Generator g1(47 + g_world->rank()), g2(47);
-  auto model = std::make_shared<TwoBranch>(g1);
-  auto reference = std::make_shared<TwoBranch>(g2);
-  model->to(g_device);
-  reference->to(g_device);
-  DistributedDataParallel ddp(model, g_world, DdpOptions{.bucket_cap_bytes = 2048, .first_bucket_bytes = 512,
-                                                         .static_graph = true});
-  model->use_unused = g_world->rank() == 0;
-  nn::SGD opt_ddp(model->parameters(), nn::SGDOptions{.lr = 0.1});
-  nn::SGD opt_ref(reference->parameters(), nn::SGDOptions{.lr = 0.1});
+  TwoBranchRun run(47, DdpOptions{.bucket_cap_bytes = 2048, .first_bucket_bytes = 512, .static_graph = true},
+                   nn::SGDOptions{.lr = 0.1});
+  run.model->use_unused = g_world->rank() == 0;
   const int world = g_world->size();
   for (int step = 0; step < 4; ++step) {
-    opt_ddp.zero_grad();
-    opt_ref.zero_grad();
-    Batch global = global_batch(step);
-    global = {global.x.to(g_device), global.y.to(g_device)};
-    Batch local = rank_slice(global);
-    autograd::backward(ag::cross_entropy(ddp(local.x), local.y));
+    run.zero_grad();
+    Batch global = device_batch(step);
+    ddp_backward(run.ddp, rank_slice(global), /*no_sync=*/false);
     // DDP averages the ranks' mean losses: the reference sums each rank's slice loss
     // (computed with that rank's branch choice) over the world size.
     Tensor loss;
     for (int r = 0; r < world; ++r) {
-      reference->use_unused = r == 0;
+      run.reference->use_unused = r == 0;
       Tensor x = global.x.narrow(0, kPerRankBatch * r, kPerRankBatch).contiguous();
       Tensor y = global.y.narrow(0, kPerRankBatch * r, kPerRankBatch).contiguous();
-      Tensor l = ag::cross_entropy(reference->forward(x), y);
+      Tensor l = ag::cross_entropy(run.reference->forward(x), y);
       loss = loss.defined() ? ag::add(loss, l) : l;
     }
     autograd::backward(ag::div(loss, static_cast<double>(world)));
-    opt_ddp.step();
-    opt_ref.step();
-    expect_same_parameters(*model, *reference);  // no early return: see the top
+    run.step_and_compare();
   }
 }
 
@@ -805,13 +820,7 @@ TEST_F(DdpMultiRank, ASyncedForwardWithoutBackwardOnOneRankLeavesNoSyncBackwards
     if (g_world->rank() == 0) ddp(rank_slice(global_batch(99)).x);  // grad on, no backward
     for (int micro = 0; micro < 2; ++micro) {
       Batch global = global_batch(step * 10 + micro);
-      Batch local = rank_slice(global);
-      if (micro == 0) {
-        auto guard = ddp.no_sync();
-        autograd::backward(ag::cross_entropy(ddp(local.x), local.y));
-      } else {
-        autograd::backward(ag::cross_entropy(ddp(local.x), local.y));
-      }
+      ddp_backward(ddp, rank_slice(global), /*no_sync=*/micro == 0);
       autograd::backward(ag::cross_entropy(reference.forward(global.x), global.y));
     }
   });
@@ -1234,42 +1243,34 @@ TEST_F(DdpMultiRank, EveryBackwardThroughASyncedForwardIsReducedEvenTwicePerForw
   };
   for (const Variant& v : variants) {
     SCOPED_TRACE(v.name);
-    Generator g1(61 + g_world->rank()), g2(61);
-    auto model = std::make_shared<TwoBranch>(g1);
-    auto reference = std::make_shared<TwoBranch>(g2);
+    TwoBranchRun run(61, v.options);
     // Every parameter used, except where find_unused_parameters is on to handle the branch.
-    model->use_unused = reference->use_unused = !v.options.find_unused_parameters;
-    DistributedDataParallel ddp(model, g_world, v.options);
-    nn::SGD opt_ddp(model->parameters(), nn::SGDOptions{.lr = 0.1, .momentum = 0.9});
-    nn::SGD opt_ref(reference->parameters(), nn::SGDOptions{.lr = 0.1, .momentum = 0.9});
+    run.model->use_unused = run.reference->use_unused = !v.options.find_unused_parameters;
     for (int step = 0; step < 3; ++step) {
-      opt_ddp.zero_grad();
-      opt_ref.zero_grad();
-      Batch global = global_batch(step);
+      run.zero_grad();
+      Batch global = device_batch(step);
       Batch local = rank_slice(global);
-      Batch global2 = global_batch(100 + step);
+      Batch global2 = device_batch(100 + step);
       Batch local2 = rank_slice(global2);
       try {
         if (v.two_forwards) {
-          Tensor a = ag::cross_entropy(ddp(local.x), local.y);
-          Tensor b = ag::cross_entropy(ddp(local2.x), local2.y);
+          Tensor a = ag::cross_entropy(run.ddp(local.x), local.y);
+          Tensor b = ag::cross_entropy(run.ddp(local2.x), local2.y);
           autograd::backward(a);
           autograd::backward(b);
         } else {
-          Tensor loss = ag::cross_entropy(ddp(local.x), local.y);
+          Tensor loss = ag::cross_entropy(run.ddp(local.x), local.y);
           autograd::backward(loss, Tensor(), /*retain_graph=*/true);
           autograd::backward(loss);
         }
       } catch (const std::exception& e) {
         ADD_FAILURE() << e.what();
       }
-      Tensor ref = ag::cross_entropy(reference->forward(global.x), global.y);
+      Tensor ref = ag::cross_entropy(run.reference->forward(global.x), global.y);
       autograd::backward(ref, Tensor(), /*retain_graph=*/true);
-      if (v.two_forwards) ref = ag::cross_entropy(reference->forward(global2.x), global2.y);
+      if (v.two_forwards) ref = ag::cross_entropy(run.reference->forward(global2.x), global2.y);
       autograd::backward(ref);
-      opt_ddp.step();
-      opt_ref.step();
-      expect_same_parameters(*model, *reference);  // no early return: see the top
+      run.step_and_compare();
     }
   }
 }
@@ -1318,36 +1319,27 @@ TEST_F(DdpMultiRank, NonContiguousParametersAreBroadcastAndTrainLikeOneProcess) 
 TEST_F(DdpMultiRank, TwoSyncedForwardsBackpropagatedInTurnEachFindTheirOwnUnusedParameters) {
   for (bool as_view : {false, true}) {
     SCOPED_TRACE(as_view ? "gradient_as_bucket_view" : "copying mode");
-    Generator g1(73 + g_world->rank()), g2(73);
-    auto model = std::make_shared<TwoBranch>(g1);
-    auto reference = std::make_shared<TwoBranch>(g2);
-    DistributedDataParallel ddp(model, g_world,
-                                DdpOptions{.bucket_cap_bytes = 2048, .first_bucket_bytes = 512,
-                                           .find_unused_parameters = true, .gradient_as_bucket_view = as_view});
-    nn::SGD opt_ddp(model->parameters(), nn::SGDOptions{.lr = 0.1, .momentum = 0.9});
-    nn::SGD opt_ref(reference->parameters(), nn::SGDOptions{.lr = 0.1, .momentum = 0.9});
+    TwoBranchRun run(73, DdpOptions{.bucket_cap_bytes = 2048, .first_bucket_bytes = 512,
+                                    .find_unused_parameters = true, .gradient_as_bucket_view = as_view});
     for (int step = 0; step < 3; ++step) {
-      opt_ddp.zero_grad();
-      opt_ref.zero_grad();
-      Batch global_a = global_batch(step), global_b = global_batch(100 + step);
+      run.zero_grad();
+      Batch global_a = device_batch(step), global_b = device_batch(100 + step);
       Batch local_a = rank_slice(global_a), local_b = rank_slice(global_b);
       try {
-        model->use_unused = true;
-        Tensor a = ag::cross_entropy(ddp(local_a.x), local_a.y);
-        model->use_unused = false;
-        Tensor b = ag::cross_entropy(ddp(local_b.x), local_b.y);
+        run.model->use_unused = true;
+        Tensor a = ag::cross_entropy(run.ddp(local_a.x), local_a.y);
+        run.model->use_unused = false;
+        Tensor b = ag::cross_entropy(run.ddp(local_b.x), local_b.y);
         autograd::backward(a);
         autograd::backward(b);
       } catch (const std::exception& e) {
         ADD_FAILURE() << e.what();  // thrown on every rank alike: none is left waiting
       }
-      reference->use_unused = true;
-      autograd::backward(ag::cross_entropy(reference->forward(global_a.x), global_a.y));
-      reference->use_unused = false;
-      autograd::backward(ag::cross_entropy(reference->forward(global_b.x), global_b.y));
-      opt_ddp.step();
-      opt_ref.step();
-      expect_same_parameters(*model, *reference);  // no early return: see the top
+      run.reference->use_unused = true;
+      autograd::backward(ag::cross_entropy(run.reference->forward(global_a.x), global_a.y));
+      run.reference->use_unused = false;
+      autograd::backward(ag::cross_entropy(run.reference->forward(global_b.x), global_b.y));
+      run.step_and_compare();
     }
   }
 }
@@ -1361,35 +1353,20 @@ TEST_F(DdpMultiRank, TwoSyncedForwardsBackpropagatedInTurnEachFindTheirOwnUnused
 TEST_F(DdpMultiRank, StaticGraphWithAParameterOnlyTheNoSyncMicroBatchesUseTrainsLikeOneProcess) {
   for (bool find_unused : {false, true}) {
     SCOPED_TRACE(find_unused ? "static_graph and find_unused_parameters" : "static_graph");
-    Generator g1(79 + g_world->rank()), g2(79);
-    auto model = std::make_shared<TwoBranch>(g1);
-    auto reference = std::make_shared<TwoBranch>(g2);
-    DistributedDataParallel ddp(model, g_world,
-                                DdpOptions{.find_unused_parameters = find_unused, .static_graph = true});
-    nn::SGD opt_ddp(model->parameters(), nn::SGDOptions{.lr = 0.1, .momentum = 0.9});
-    nn::SGD opt_ref(reference->parameters(), nn::SGDOptions{.lr = 0.1, .momentum = 0.9});
+    TwoBranchRun run(79, DdpOptions{.find_unused_parameters = find_unused, .static_graph = true});
     for (int step = 0; step < 3; ++step) {
-      opt_ddp.zero_grad();
-      opt_ref.zero_grad();
+      run.zero_grad();
       for (int micro = 0; micro < 2; ++micro) {
-        model->use_unused = reference->use_unused = micro == 0;
-        Batch global = global_batch(step * 10 + micro);
-        Batch local = rank_slice(global);
+        run.model->use_unused = run.reference->use_unused = micro == 0;
+        Batch global = device_batch(step * 10 + micro);
         try {
-          if (micro == 0) {
-            auto guard = ddp.no_sync();
-            autograd::backward(ag::cross_entropy(ddp(local.x), local.y));
-          } else {
-            autograd::backward(ag::cross_entropy(ddp(local.x), local.y));
-          }
+          ddp_backward(run.ddp, rank_slice(global), /*no_sync=*/micro == 0);
         } catch (const std::exception& e) {
           ADD_FAILURE() << e.what();  // thrown on every rank alike: none is left waiting
         }
-        autograd::backward(ag::cross_entropy(reference->forward(global.x), global.y));
+        autograd::backward(ag::cross_entropy(run.reference->forward(global.x), global.y));
       }
-      opt_ddp.step();
-      opt_ref.step();
-      expect_same_parameters(*model, *reference);  // no early return: see the top
+      run.step_and_compare();
     }
   }
 }
