@@ -252,7 +252,19 @@ void Module::train(bool on) {
   for (auto& [name, child] : children_) child->train(on);
 }
 
+namespace {
+// As PyTorch's nn.Module.to: parameters stay floating point. An integer "model" would
+// hold truncated weights that autograd cannot differentiate, and its integer buffers
+// (num_batches_tracked) keep their dtype anyway. Checked before anything moves.
+void check_module_dtype(const std::string& type_name, DType dtype) {
+  RT_CHECK(is_floating_point(dtype), type_name, "::to: ", dtype_name(dtype), " is not a floating-point dtype; "
+           "a module's parameters and floating-point buffers can only be moved to float32, float64, float16 or "
+           "bfloat16 (convert integer inputs such as token ids, not the module)");
+}
+}  // namespace
+
 void Module::to(Device device, DType dtype) {
+  check_module_dtype(type_name_, dtype);
   auto convert = [&](const Tensor& t, bool keep_dtype) {
     DType target = keep_dtype ? t.dtype() : dtype;
     if (t.device() == device && t.dtype() == target) return;
@@ -278,6 +290,7 @@ void Module::to(Device device) {
 }
 
 void Module::to(DType dtype) {
+  check_module_dtype(type_name_, dtype);
   for (auto& [name, t] : params_) {
     if (t.dtype() == dtype) continue;
     assign_in_place(t, t.to(dtype));

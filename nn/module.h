@@ -127,7 +127,8 @@ class Module {
 
   // Moves/converts every parameter, gradient and buffer in place (the tensor
   // handles stay the same objects). Buffers of integer dtype (e.g. BatchNorm's
-  // num_batches_tracked) keep their dtype when only `dtype` changes.
+  // num_batches_tracked) keep their dtype when only `dtype` changes. `dtype` must be
+  // floating point: an integer one throws, changing nothing (PyTorch refuses it too).
   void to(Device device, DType dtype);
   void to(Device device);
   void to(DType dtype);

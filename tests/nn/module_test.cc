@@ -175,6 +175,24 @@ TEST(Module, ToDtypeKeepsIdentity) {
   EXPECT_EQ(y.dtype(), DType::kFloat64);
 }
 
+// As PyTorch's nn.Module.to: an integer dtype is refused (it used to truncate every
+// weight to an integer and leave int64 "parameters" that requires_grad), and nothing moves.
+TEST(Module, ToAnIntegerDtypeIsRefusedAndChangesNothing) {
+  Generator gen(4);
+  TwoLayer m(gen);
+  Tensor w = m.param("fc1.weight");
+  std::vector<double> before = w.to_vector<double>();
+  for (DType bad : {DType::kInt64, DType::kInt32}) {
+    testing::expect_error([&] { m.to(bad); }, {"TwoLayer::to", dtype_name(bad), "not a floating-point dtype"});
+    testing::expect_error([&] { m.to(Device::cpu(), bad); }, {"TwoLayer::to", dtype_name(bad)});
+  }
+  EXPECT_EQ(w.dtype(), DType::kFloat32);
+  EXPECT_EQ(m.buffer("bn.running_var").dtype(), DType::kFloat32);
+  EXPECT_EQ(w.to_vector<double>(), before);
+  m.to(DType::kFloat64);  // floating point is fine
+  EXPECT_EQ(w.dtype(), DType::kFloat64);
+}
+
 TEST(Module, CloneIsDeep) {
   Generator gen(5);
   auto m = std::make_shared<TwoLayer>(gen);
