@@ -126,6 +126,16 @@ int ddp_device_for_local_rank(const DeviceSelection& selection, int local_rank, 
   return selection.cuda_devices[local_rank];
 }
 
+void check_ddp2_devices(const DeviceSelection& selection, int local_processes, int gpus_per_task, int visible_gpus) {
+  if (selection.is_cpu() || local_processes <= 1) return;  // CPU replicas are threads: nothing to share
+  if (gpus_per_task > 0 && visible_gpus == gpus_per_task) return;  // every task drives its own GPUs
+  throw SlurmError("devices=" + selection.describe() + " with strategy ddp2: each process drives every selected GPU "
+                   "(DataParallel), but the launcher started " + std::to_string(local_processes) +
+                   " processes on this node, so they would all share them; launch one process per node "
+                   "(srun --ntasks-per-node=1, ringrun --nproc-per-node 1), give each task GPUs of its own "
+                   "(srun --gpus-per-task=k), or use strategy ddp (one process per GPU)");
+}
+
 DeviceSelection parse_device_list(const std::vector<int>& indices, int available_gpus) {
   DeviceSelection selection;
   std::set<int> seen;

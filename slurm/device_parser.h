@@ -57,6 +57,13 @@ DeviceSelection parse_devices(int count, int available_gpus);
 // every task sees the node's GPUs), the rule above applies.
 int ddp_device_for_local_rank(const DeviceSelection& selection, int local_rank, int local_processes,
                               int gpus_per_task = 0, int visible_gpus = 0);
+// strategy ddp2: one process per node drives every selected GPU (DataParallel), and DDP
+// runs between the nodes' processes. With `local_processes` > 1 they would all drive
+// the same GPUs (each putting its master copy on the first), unless SLURM bound GPUs to
+// each task (`gpus_per_task` and `visible_gpus` as above: then each drives its own).
+// Throws SlurmError naming the launches that fit.
+void check_ddp2_devices(const DeviceSelection& selection, int local_processes, int gpus_per_task = 0,
+                        int visible_gpus = 0);
 // An explicit index list (Lightning's gpus=[0, 1]); empty: CPU.
 DeviceSelection parse_device_list(const std::vector<int>& indices, int available_gpus);
 

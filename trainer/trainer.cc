@@ -353,6 +353,10 @@ FitResult Trainer::run_fit(TrainingModule& module, std::shared_ptr<const data::D
       cuda::set_device(index);
       device = Device::cuda(index);
     } else {
+      // ddp2: one process per node (or per task with GPUs of its own) drives the GPUs
+      if (strategy == Strategy::kDdp2)
+        slurm::check_ddp2_devices(selection, env.world_size > 0 ? env.local_world_size : 1, env.gpus_per_task,
+                                  cuda::device_count());
       for (int i : selection.cuda_devices) dp_devices.push_back(Device::cuda(i));
       device = dp_devices.front();
     }

@@ -12,9 +12,10 @@
 //      group unless it is known to be a single process (a PMIx-only launch gives
 //      no size: MPI tells it at init) (comm::init_process_group);
 //   2. pick the device (LOCAL_RANK -> GPU for ddp, or the task's own GPU under
-//      srun --gpus-per-task; the listed GPUs for dp/ddp2; CPU with devices=0) and
-//      wrap the model: DistributedDataParallel (ddp),
-//      DataParallel (dp), or DDP over DataParallel (ddp2);
+//      srun --gpus-per-task; the listed GPUs for dp/ddp2, ddp2 in one process per
+//      node or per task with GPUs of its own; CPU with devices=0) and wrap the
+//      model: DistributedDataParallel (ddp), DataParallel (dp), or DDP over
+//      DataParallel (ddp2);
 //   3. shard the data with a DistributedSampler (seed + epoch), evaluate with its
 //      exact mode so every validation example counts once;
 //   4. resume (resume="auto": the newest valid checkpoint, if any; checkpoints that

@@ -224,6 +224,27 @@ TEST(DeviceParser, SrunGpusPerTaskWithoutBindingUsesTheLocalRank) {
   EXPECT_EQ(inside.gpus_per_task, 0);
 }
 
+// ddp2 runs DataParallel over every selected GPU in each process: four processes on a
+// node with --gres=gpu:4 all drove GPUs 0-3 (four master copies on GPU 0). One process
+// per node, or tasks with GPUs of their own, or the CPU.
+TEST(DeviceParser, Ddp2NeedsOneProcessPerNodeOrGpusOfItsOwn) {
+  const std::string shared = error_of([] { check_ddp2_devices(parse_devices("auto", 4), 4); });
+  EXPECT_NE(shared.find("devices=cuda:0,1,2,3 with strategy ddp2"), std::string::npos) << shared;
+  EXPECT_NE(shared.find("started 4 processes on this node, so they would all share them"), std::string::npos)
+      << shared;
+  EXPECT_NE(shared.find("--ntasks-per-node=1"), std::string::npos) << shared;
+  EXPECT_NE(shared.find("--gpus-per-task=k"), std::string::npos) << shared;
+  EXPECT_NE(shared.find("strategy ddp (one process per GPU)"), std::string::npos) << shared;
+  EXPECT_EQ(error_of([] { check_ddp2_devices(parse_devices("auto", 4), 1); }), "no error");
+  EXPECT_EQ(error_of([] { check_ddp2_devices(parse_devices("cpu", 4), 4); }), "no error");
+  // srun --gpus-per-task=2, 2 tasks per node: each drives its own 2
+  const ClusterEnvironment env = detect_cluster_environment(srun_gpu_task(0, 2, "2"));
+  EXPECT_EQ(error_of([&] { check_ddp2_devices(parse_devices("auto", 2), env.local_world_size, env.gpus_per_task, 2); }),
+            "no error");
+  EXPECT_NE(error_of([&] { check_ddp2_devices(parse_devices("auto", 4), env.local_world_size, env.gpus_per_task, 4); }),
+            "no error");  // --gpu-bind=none: the node's 4 GPUs, shared
+}
+
 TEST(DeviceParser, MalformedGpusPerTaskIsNamed) {
   for (const char* bad : {"x", "gpu:", "0", "1,x", "2,"}) {
     const std::string error = error_of([&] { detect_cluster_environment(srun_gpu_task(0, 1, bad)); });
