@@ -275,9 +275,15 @@ CheckpointInfo load_checkpoint(const std::string& stem, const CheckpointTargets&
   OptimizerState opt_state;
   if (targets.optimizer != nullptr) {
     const json& o = meta.value("optimizer", json());
+    // Each type checked before value() reads it: on a record of another shape (edited,
+    // without its CRC) json throws a bare type_error that names neither file nor field.
     if (o.is_null()) {
       problems.push_back("optimizer: the checkpoint has no optimizer state");
-    } else if (o.value("type", "") != targets.optimizer->type_name()) {
+    } else if (!o.is_object()) {
+      problems.push_back("optimizer: the record's \"optimizer\" is " + o.dump() +
+                         ", not an object {\"type\", \"param_groups\", \"state\"}");
+    } else if (!o.contains("type") || !o["type"].is_string() ||
+               o["type"].get<std::string>() != targets.optimizer->type_name()) {
       problems.push_back("optimizer: checkpoint has " + o.value("type", json("?")).dump() + ", this run uses " +
                          targets.optimizer->type_name());
     } else {

@@ -552,6 +552,34 @@ TEST_F(CheckpointTest, AGeneratorStateOfAnotherTypeIsRefusedAndChangesNothing) {
   EXPECT_EQ(before, bits(run.model->named_parameters()[0].second));
 }
 
+// An optimizer record that is not an object, or whose "type" is not a string (a
+// hand-edited record, read unchecked without its CRC), is a problem the plan lists,
+// naming the checkpoint, with nothing loaded: json's value() threw a bare type_error
+// ("cannot use value() with string") out of load_checkpoint, naming neither.
+TEST_F(CheckpointTest, AnOptimizerRecordOfAnotherTypeIsRefusedAndChangesNothing) {
+  TrainingRun run(1, false);
+  run.train_epoch();
+  std::string stem = save_checkpoint_stem();
+  save_checkpoint(stem, run.targets(), {1, run.step});
+  const nlohmann::json saved = nlohmann::json::parse(std::ifstream(stem + ".json"));
+  TrainingRun other(7, false);
+  auto before = bits(other.model->named_parameters()[0].second);
+  for (const nlohmann::json& bad : {nlohmann::json("SGD"), nlohmann::json::array({1, 2}), nlohmann::json(5)}) {
+    nlohmann::json record = saved;
+    record["optimizer"] = bad;
+    std::ofstream(stem + ".json") << without_record_crc(record);
+    expect_ckpt_error([&] { load_checkpoint(stem, other.targets()); },
+                      {stem, "optimizer:", "not an object", "nothing was loaded"});
+  }
+  nlohmann::json record = saved;
+  record["optimizer"]["type"] = 5;
+  std::ofstream(stem + ".json") << without_record_crc(record);
+  expect_ckpt_error([&] { load_checkpoint(stem, other.targets()); },
+                    {stem, "optimizer: checkpoint has 5, this run uses SGD", "nothing was loaded"});
+  EXPECT_EQ(before, bits(other.model->named_parameters()[0].second));
+  EXPECT_EQ(other.opt->param_groups()[0].lr(), 0.1);
+}
+
 // The schedule's hyperparameters travel in the checkpoint and win over the ones the
 // resuming run built its schedule with (PyTorch's load_state_dict), and the load says
 // so in CheckpointInfo::notes. Before, a run resumed with StepLR(opt, 3, ...) after a
