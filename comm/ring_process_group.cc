@@ -18,6 +18,7 @@
 #include "comm/shm_segment.h"
 #include "comm/symmetric_memory.h"
 #include "comm/transport.h"
+#include "comm/wait_in_slices.h"
 
 namespace ringtrain::comm {
 
@@ -189,8 +190,15 @@ class RingProcessGroup final : public ProcessGroup {
       store().set(key, mine);
       return;
     }
-    const std::string rank0 =
-        store().get(key, std::chrono::duration_cast<std::chrono::milliseconds>(options().timeout));
+    // In slices, looking at the members between them: rank 0 fails right here when one
+    // of its own settings is malformed (RINGTRAIN_RING_CHUNK_BYTES=junk on rank 0 only),
+    // and publishes why. One plain get sat until rank 0 left with the store, and this
+    // rank then said only "the store ... is gone".
+    const std::string rank0 = wait_in_slices(
+        Clock::now() + setup_timeout(), [this](const std::string& what) { throw_if_member_published_failure(what); },
+        detail::concat("rank ", context().world_ranks[0], "'s ring settings"),
+        [&](Deadline slice) { return store().get(key, std::chrono::milliseconds(millis_until(slice))); },
+        LastLook::kYes);
     if (rank0 != mine) {
       throw CommError(detail::concat("ring backend: rank ", context().world_ranks[rank()], " has ",
                                      mine, " but rank ", context().world_ranks[0], " has ", rank0,

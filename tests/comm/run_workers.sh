@@ -24,7 +24,9 @@
 #                     or network namespaces are not available.
 #   settings:         as kill, with the workers in check mode and the variables
 #                     in RT_VICTIM_ENV (e.g. "RINGTRAIN_RING_CHUNK_BYTES=1024") set
-#                     for rank 1 only, so that it cannot join the others.
+#                     for rank 1 only, so that it cannot join the others
+#                     (RT_VICTIM_RANK=R: for rank R instead, and every rank but R
+#                     is checked; R=0 is the rank that runs the store).
 # RT_DUPLICATE_RANK=R starts the last process as rank R too (a launch script's
 # mistake): as settings, with the last process standing in for the victim's twin.
 # RT_PRIVATE_SHM_RANK=R starts rank R in a mount namespace of its own with an
@@ -88,6 +90,8 @@ if [[ -n ${RT_PRIVATE_SHM_RANK:-} ]]; then
   private_shm=(unshare -m sh -c 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$@"' sh)
 fi
 pids=()
+victim=1
+[[ $mode == settings ]] && victim=${RT_VICTIM_RANK:-1}
 worker_mode=$mode
 [[ $mode == settings || $mode == *_in_setup ]] && worker_mode=check
 started=$nproc
@@ -99,7 +103,7 @@ for ((rank = 0; rank < started; rank++)); do
     env_args=()
     (( rank == 1 )) && master_name=localhost
   fi
-  if (( rank == 1 )) && [[ -n ${RT_VICTIM_ENV:-} ]]; then
+  if (( rank == victim )) && [[ -n ${RT_VICTIM_ENV:-} ]]; then
     read -ra victim_env <<< "$RT_VICTIM_ENV"
     env_args+=("${victim_env[@]}")
   fi
@@ -176,7 +180,7 @@ done
 for ((rank = 0; rank < started; rank++)); do
   if [[ $mode == check ]]; then
     if (( codes[rank] != 0 )) || ! grep -q "ok" "$dir/out.$rank"; then echo "FAIL: rank $rank"; status=1; fi
-  elif (( rank != 1 )); then
+  elif (( rank != victim )); then
     if (( codes[rank] == 0 )); then echo "FAIL: rank $rank exited 0"; status=1; fi
     if ! grep -Eq "$expect" "$dir/out.$rank"; then echo "FAIL: rank $rank output lacks /$expect/"; status=1; fi
   fi
