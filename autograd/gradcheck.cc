@@ -1,5 +1,6 @@
 // gradcheck.cc: see gradcheck.h. The inputs are perturbed in place one element at
-// a time (under no_grad, then restored), so the inputs' storage must be writable.
+// a time (under no_grad, then restored), so the inputs' storage must be writable;
+// any strides do, except stride 0 (an expanded view).
 #include "autograd/gradcheck.h"
 
 #include <algorithm>
@@ -16,6 +17,15 @@ namespace ringtrain::autograd {
 GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
                           const std::vector<Tensor>& inputs, const GradcheckOptions& options) {
   GradcheckResult result;
+  // Non-contiguous inputs (a transposed or strided leaf) are checked as they are, each
+  // element perturbed where it lives; an expanded input holds several elements at one
+  // address, which cannot be moved one at a time.
+  for (size_t i = 0; i < inputs.size(); ++i)
+    for (int64_t d = 0; inputs[i].defined() && requires_grad(inputs[i]) && d < inputs[i].dim(); ++d)
+      RT_CHECK(inputs[i].size(d) <= 1 || inputs[i].stride(d) != 0, "gradcheck: input ", i, " ",
+               inputs[i].describe(), " has stride 0 in dim ", d, " (an expanded view): its elements "
+               "share memory, so they cannot be perturbed one at a time; pass the unexpanded tensor "
+               "and expand it inside f");
   // The projection vector, drawn once from the output's shape.
   Tensor v;
   {
@@ -40,12 +50,14 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
     Tensor analytic = grad(in);
     std::vector<double> analytic_values =
         analytic.defined() ? analytic.to_vector<double>() : std::vector<double>(in.numel(), 0.0);
-    Tensor flat = detach(in).contiguous();
-    RT_CHECK(flat.is_same(detach(in)) || in.is_contiguous(),
-             "gradcheck: inputs must be contiguous, got ", in.describe());
-    Tensor writable = detach(in).reshape({-1});
+    // Each element is perturbed where it lives, through a one-element view (checked above).
+    const Tensor writable = detach(in);
     for (int64_t j = 0; j < in.numel(); ++j) {
-      Tensor element = writable.narrow(0, j, 1);
+      Tensor element = writable;  // element j in row-major order, as analytic_values has it
+      for (int64_t d = in.dim() - 1, rest = j; d >= 0; --d) {
+        element = element.narrow(d, rest % in.size(d), 1);
+        rest /= in.size(d);
+      }
       double original = element.item();
       double plus, minus;
       {

@@ -7,7 +7,9 @@
 // analytic gradient of s(x) = sum(v * f(x)) from backward() is compared, element
 // by element for every input that requires grad, with the numerical derivative
 // (s(x + eps e_i) - s(x - eps e_i)) / (2 eps). Inputs should be float64 (the
-// finite differences are only meaningful there); f must be deterministic.
+// finite differences are only meaningful there); f must be deterministic. An input
+// may be non-contiguous (a transposed or strided leaf: its .grad is checked too),
+// but not expanded (stride 0: one address for several elements; throws).
 #pragma once
 
 #include <functional>

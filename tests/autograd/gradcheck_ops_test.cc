@@ -15,6 +15,7 @@
 #include "autograd/gradcheck.h"
 #include "autograd/graph.h"
 #include "tensor/ops.h"
+#include "tests/common/expect_error.h"
 
 namespace ringtrain {
 namespace {
@@ -344,6 +345,38 @@ TEST(GradcheckOps, ToDtype) {
   expect_gradcheck("to f32 and back", [](const Inputs& x) {
     return ag::to(ag::mul(ag::to(x[0], DType::kFloat32), 2.0), DType::kFloat64);
   }, {leaf({3}, 53)}, {1e-3, 1e-3, 1e-2, 0});
+}
+
+// Non-contiguous leaves (a weight stored transposed, every other row of a buffer) are
+// checked as they are: gradcheck used to refuse any non-contiguous input, so the
+// accumulation of a gradient into a strided leaf's .grad was never compared with finite
+// differences. An expanded input still throws, naming the dim.
+Tensor strided_leaf(const Tensor& base_values, const std::function<Tensor(const Tensor&)>& view) {
+  Tensor t = view(base_values.clone());
+  autograd::set_requires_grad(t);
+  return t;
+}
+TEST(GradcheckOps, NonContiguousLeavesAreCheckedWhereTheyLive) {
+  Tensor wt = strided_leaf(leaf({4, 3}, 60), [](const Tensor& b) { return b.transpose(0, 1); });  // [3, 4]
+  Tensor rows = strided_leaf(leaf({10, 4}, 61), [](const Tensor& b) { return b.slice(0, 1, 10, 2); });  // [5, 4]
+  Tensor bias = strided_leaf(leaf({2, 3}, 62), [](const Tensor& b) { return b.select(0, 1); });  // [3], offset 3
+  ASSERT_FALSE(wt.is_contiguous());
+  ASSERT_FALSE(rows.is_contiguous());
+  expect_gradcheck("linear, transposed weight, strided input",
+                   [](const Inputs& x) { return ag::linear(x[0], x[1], x[2]); }, {rows, wt, bias});
+  expect_gradcheck("mul, two strided leaves", [](const Inputs& x) { return ag::mul(x[0], ag::transpose(x[1], 0, 1)); },
+                   {leaf({4, 3}, 63), wt});
+  // A wrong rule on a strided leaf still fails.
+  auto wrong = [](const Inputs& x) {
+    return autograd::record("wrong_row_sum", {x[0]}, sum(x[0], {1}), {},
+                            [](const Tensor& g, autograd::BackwardContext&) -> std::vector<Tensor> {
+                              return {mul(g.unsqueeze(1).expand({3, 4}), 2.0)};
+                            });
+  };
+  EXPECT_FALSE(gradcheck(wrong, {wt}).ok);
+  Tensor expanded = strided_leaf(leaf({1, 3}, 64), [](const Tensor& b) { return b.expand({4, 3}); });
+  testing::expect_error([&] { gradcheck([](const Inputs& x) { return ag::mul(x[0], 2.0); }, {expanded}); },
+                        {"input 0", "stride 0 in dim 0", "expanded"});
 }
 
 TEST(GradcheckOps, DetectsAWrongRule) {
