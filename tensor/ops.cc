@@ -927,7 +927,8 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
   std::vector<double> x = a.to_vector<double>(), y = b.to_vector<double>();
   double worst = 0;
   for (size_t i = 0; i < x.size(); ++i) {
-    double diff = std::abs(x[i] - y[i]);
+    // Equal values differ by 0, infinities too (inf - inf is NaN); a NaN differs by inf.
+    double diff = x[i] == y[i] ? 0.0 : std::abs(x[i] - y[i]);
     if (std::isnan(diff)) return std::numeric_limits<double>::infinity();
     worst = std::max(worst, diff);
   }
@@ -937,8 +938,14 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
 bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {
   if (a.shape() != b.shape()) return false;
   std::vector<double> x = a.to_vector<double>(), y = b.to_vector<double>();
-  for (size_t i = 0; i < x.size(); ++i)
-    if (!(std::abs(x[i] - y[i]) <= atol + rtol * std::abs(y[i]))) return false;
+  // As torch.isclose: equal values are close (inf and inf of the same sign too, where the
+  // difference is NaN), otherwise the difference must be finite and within the tolerance: an
+  // infinite b makes the tolerance infinite, and 1 (or -inf) was close to inf. NaN is close to
+  // nothing.
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double diff = std::abs(x[i] - y[i]);
+    if (!(x[i] == y[i] || (std::isfinite(diff) && diff <= atol + rtol * std::abs(y[i])))) return false;
+  }
   return true;
 }
 

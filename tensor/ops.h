@@ -260,8 +260,11 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
 
 // ---------------------------------------------------------------- comparison helpers for tests
-// max |a - b| computed in float64 on the host; shapes must match.
+// max |a - b| computed in float64 on the host; shapes must match. Equal values (equal
+// infinities too) differ by 0; a NaN on either side makes the result inf.
 double max_abs_diff(const Tensor& a, const Tensor& b);
+// |a - b| <= atol + rtol * |b| or a == b everywhere, as torch.allclose (inf is close to inf of
+// the same sign; NaN to nothing). Shapes must be equal (false otherwise).
 bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8);
 
 }  // namespace ringtrain

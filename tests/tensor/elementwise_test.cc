@@ -582,5 +582,28 @@ TEST(Finite, AllFiniteFindsInfAndNaNAnywhere) {
   EXPECT_TRUE(all_finite(zeros({0, 3})));
 }
 
+// The test helpers compare like torch.allclose: equal values are close, equal infinities too
+// (their difference is NaN, so allclose(inf, inf) was false and max_abs_diff inf); a NaN, an
+// infinity of the other sign, or a finite value against an infinity is not (an infinite b made
+// the tolerance rtol * |b| infinite, so allclose(1, inf) was true).
+TEST(Compare, EqualInfinitiesAreCloseAndNaNIsNot) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Tensor a = Tensor::from_vector<float>({1, inf, -inf}, {3});
+  EXPECT_TRUE(allclose(a, a.clone()));
+  EXPECT_EQ(max_abs_diff(a, a.clone()), 0.0);
+  EXPECT_TRUE(allclose(a, Tensor::from_vector<float>({1.000001f, inf, -inf}, {3})));
+  EXPECT_FALSE(allclose(a, Tensor::from_vector<float>({1, -inf, -inf}, {3})));
+  EXPECT_EQ(max_abs_diff(a, Tensor::from_vector<float>({1, -inf, -inf}, {3})), inf);
+  EXPECT_FALSE(allclose(a, Tensor::from_vector<float>({1, 3e38f, -inf}, {3})));
+  EXPECT_EQ(max_abs_diff(a, Tensor::from_vector<float>({1, 3e38f, -inf}, {3})), inf);
+  EXPECT_FALSE(allclose(Tensor::from_vector<float>({1}, {1}), Tensor::from_vector<float>({inf}, {1})));
+  EXPECT_FALSE(allclose(Tensor::from_vector<float>({-inf}, {1}), Tensor::from_vector<float>({inf}, {1})));
+  Tensor n = Tensor::from_vector<float>({nan}, {1});
+  EXPECT_FALSE(allclose(n, n));
+  EXPECT_EQ(max_abs_diff(n, n), inf);
+  EXPECT_EQ(max_abs_diff(Tensor::from_vector<float>({1, 2}, {2}), Tensor::from_vector<float>({1.5f, 2}, {2})), 0.5);
+}
+
 }  // namespace
 }  // namespace ringtrain
