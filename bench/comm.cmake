@@ -60,6 +60,18 @@ if(RINGTRAIN_BUILD_TESTS)
                                  EXPECT "SKIP: core_to_core needs two CPUs this process may run on. its affinity mask is [{]0[}]"
                                  COMMAND ${RINGTRAIN_TASKSET} -c 0 $<TARGET_FILE:core_to_core> --message 4K --reps 2)
   endif()
+  # The plot's legend names the MPI library of the run it draws (it said "Open MPI 4.1.4"
+  # whatever had run): the labels from made-up sweeps, then from a real sweep's JSON.
+  add_test(NAME bench.plot_allreduce.legend_names_each_runs_mpi
+           COMMAND /usr/bin/python3 ${CMAKE_CURRENT_LIST_DIR}/plot_allreduce_test.py)
+  set_tests_properties(bench.plot_allreduce.legend_names_each_runs_mpi PROPERTIES LABELS bench-smoke TIMEOUT 60)
+  if(MPIEXEC_EXECUTABLE)
+    set(sweep_json ${CMAKE_CURRENT_BINARY_DIR}/comm_sweep_mpi_library.json)
+    ringtrain_add_checked_test(bench.comm_sweep.json_names_the_mpi_library
+        EXPECT "# MPI reference: MPI_Allreduce of Open MPI v[0-9.]+.*label: MPI_Allreduce [(]Open MPI v[0-9.]+[)], same run"
+        COMMAND sh -c "${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe -np 2 $<TARGET_FILE:comm_sweep> --max-bytes 64 --warmup 0 --iters 1 --json ${sweep_json} && /usr/bin/python3 ${CMAKE_CURRENT_LIST_DIR}/plot_allreduce.py --labels ${sweep_json}")
+    set_tests_properties(bench.comm_sweep.json_names_the_mpi_library PROPERTIES LABELS bench-smoke TIMEOUT 120)
+  endif()
   ringtrain_bench_expect_error(bench.core_to_core.ring_too_large
                                EXPECT "core_to_core: --message 64 \\(twice\\) with --slots 1024 x --slot-bytes 1G needs at least"
                                COMMAND $<TARGET_FILE:core_to_core> --message 64 --slot-bytes 1G --slots 1024 --reps 1)

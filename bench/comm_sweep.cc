@@ -36,6 +36,9 @@
 // implementations the small-message ratio would compare those too. Ours and
 // MPI_Allreduce alternate repetition by repetition.
 //
+// --json writes the rows, the roofs and which MPI library the reference column is
+// (MPI_Get_library_version; bench/plot_allreduce.py names it in the legend).
+//
 // Before and after the sweep: memcpy on rank 0 (the memory's roof) and, with two
 // or more ranks on host buffers, the stream from rank 0 to rank 1 through the
 // group's send/recv (the roof between two cores, and the mark of this VM's slow
@@ -44,6 +47,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -51,6 +55,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "bench/bench_cli.h"
@@ -159,6 +164,20 @@ int run(int argc, char** argv, std::shared_ptr<ProcessGroup>& pg) {
     if (rank == 0) std::printf("# MPI reference skipped: not launched by mpirun (init %s)\n", launch_info().method.c_str());
     mpi_reference = false;
   }
+  // Which MPI the reference column is, as the library says (the JSON carries it to the
+  // plot's legend): the first line of MPI_Get_library_version, whitespace collapsed.
+  std::string mpi_library;
+  if (mpi_reference) {
+    char text[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+    int length = 0;
+    MPI_Get_library_version(text, &length);
+    for (int i = 0; i < length && text[i] != '\0' && text[i] != '\n'; ++i) {
+      const bool blank = std::isspace(static_cast<unsigned char>(text[i])) != 0;
+      if (!blank) mpi_library.push_back(text[i]);
+      else if (!mpi_library.empty() && mpi_library.back() != ' ') mpi_library.push_back(' ');
+    }
+    while (!mpi_library.empty() && mpi_library.back() == ' ') mpi_library.pop_back();
+  }
   // The output file is rank 0's; found unwritable there, every rank stops now, not
   // after the sweep.
   int unwritable = 0;
@@ -246,6 +265,7 @@ int run(int argc, char** argv, std::shared_ptr<ProcessGroup>& pg) {
     std::printf("# comm_sweep: allreduce, %d ranks, backend %s, init %s, %s buffers on %s, %s launch, warmup %d, iters %d (median; ours and MPI alternate)\n",
                 n, backend.c_str(), launch_info().method.c_str(), buffers.c_str(), device.str().c_str(),
                 launch_text.c_str(), warmup, iters);
+    if (mpi_reference) std::printf("# MPI reference: MPI_Allreduce of %s\n", mpi_library.c_str());
     std::printf("# memcpy bandwidth (rank 0, 64 MiB, same run): %.2f GB/s\n", memcpy_gbps);
     if (stream_measured) {
       std::printf("# stream rank 0 -> 1 (1 MiB messages, this backend's send/recv): %.2f GB/s\n", stream_gbps);
@@ -424,6 +444,7 @@ int run(int argc, char** argv, std::shared_ptr<ProcessGroup>& pg) {
     std::printf("# total #wrong: %lld\n", static_cast<long long>(total_wrong));
     if (!json_path.empty()) {
       const std::string text = nlohmann::json{{"ranks", n}, {"backend", backend}, {"buffers", buffers}, {"device", device.str()}, {"launch", launch_text}, {"memcpy_gbps", memcpy_gbps}, {"memcpy_after_gbps", memcpy_after_gbps},
+                                             {"mpi_library", mpi_reference ? nlohmann::json(mpi_library) : nlohmann::json(nullptr)},
                                              {"stream_gbps", stream_measured ? nlohmann::json(stream_gbps) : nlohmann::json(nullptr)},
                                              {"stream_after_gbps", stream_measured ? nlohmann::json(stream_after_gbps) : nlohmann::json(nullptr)},
                                              {"rows", rows}}.dump(1);
