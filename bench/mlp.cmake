@@ -9,10 +9,12 @@ if(TARGET ringtrain_nn)
 endif()
 
 # bench-smoke: a small MLP, ours only (its losses checked against the double-precision
-# reference in mlp_step.cc) and (when /usr/bin/python3 has torch) beside PyTorch; any loss
-# mismatch (#wrong) makes mlp_step exit 2.
+# reference in mlp_step.cc: the first steps, and, replayed after the timing, the end of
+# every timed round, which --no-torch used to leave unchecked) and (when /usr/bin/python3
+# has torch) beside PyTorch; any loss mismatch (#wrong) makes mlp_step exit 2.
 if(TARGET mlp_step)
-  ringtrain_add_checked_test(bench_mlp_step_smoke EXPECT "double-precision reference .*, 0 wrong"
+  ringtrain_add_checked_test(bench_mlp_step_smoke
+      EXPECT "double-precision reference .*every step replayed: .* at the end of each of 2 timed rounds and of the phase split, 0 wrong"
       COMMAND $<TARGET_FILE:mlp_step> --no-torch --in-features 32 --width 64 --batch 8 --warmup 1 --steps 2 --rounds 2)
   set_tests_properties(bench_mlp_step_smoke PROPERTIES LABELS bench-smoke TIMEOUT 120)
   # No warm-up is a valid request (it used to fail on an undefined loss).
@@ -46,7 +48,8 @@ if(TARGET mlp_step)
   execute_process(COMMAND /usr/bin/python3 -c "import torch" RESULT_VARIABLE ringtrain_no_torch
                   OUTPUT_QUIET ERROR_QUIET)
   if(ringtrain_no_torch EQUAL 0)
-    ringtrain_add_checked_test(bench_mlp_step_vs_torch_smoke EXPECT ", 0 wrong"  # not "10 wrong"
+    # (the phase split's loss checked too; "(" before 0: not "10 wrong")
+    ringtrain_add_checked_test(bench_mlp_step_vs_torch_smoke EXPECT "end of each round and of the phase split[)], 0 wrong"
         COMMAND $<TARGET_FILE:mlp_step> --in-features 32 --width 64 --batch 8 --warmup 1 --steps 2 --rounds 2)
     set_tests_properties(bench_mlp_step_vs_torch_smoke PROPERTIES LABELS bench-smoke TIMEOUT 120)
   endif()

@@ -11,12 +11,15 @@
 //     both start from identical float32 values.
 //   * Correctness while timing: the losses of the first --check-steps steps of
 //     both implementations must agree (relative 1e-4; float32 sums in different
-//     orders), and so must the loss of the last step of every timed round (both
-//     sides have run the same steps from the same start; relative 1e-3 there, as
-//     rounding differences grow over the steps). A failed check is counted in
-//     #wrong, the ratio is then reported as unchecked, never as a speed-up, and the
-//     program exits 2. With --no-torch the first steps' losses are checked against
-//     ReferenceMlp (the same network in plain double-precision loops) instead.
+//     orders), and so must the loss of the last step of every timed round and of
+//     the phase split (both sides have run the same steps from the same start;
+//     relative 1e-3 there, as rounding differences grow over the steps). A failed
+//     check is counted in #wrong, the ratio is then reported as unchecked, never as
+//     a speed-up, and the program exits 2. With --no-torch the reference is
+//     ReferenceMlp (the same network in plain double-precision loops) instead: it
+//     runs the first steps beside ours, and after all the timing replays every
+//     later step (warm-up, rounds, phase split), so the timed rounds are checked
+//     there too (about 0.3 s a step at the default sizes, untimed).
 //   * The PyTorch script runs as a child process in --serve mode; the two take
 //     turns: each round times --steps steps of ours, then asks PyTorch to time
 //     the same number. Both see the same machine load; medians over rounds are
@@ -39,6 +42,7 @@
 #include <cstring>
 #include <iostream>
 #include <limits>
+#include <memory>
 #include <new>
 #include <string>
 #include <utility>
@@ -304,7 +308,9 @@ int main(int argc, char** argv) {
   app.add_option("--check-steps", check_steps, "steps whose losses are compared")
       ->check(CLI::Range(1, kIntMax))
       ->capture_default_str();
-  app.add_flag("--no-torch", no_torch, "time ringtrain only");
+  app.add_flag("--no-torch", no_torch,
+               "time ringtrain only; every step's loss is then checked against the double-precision reference, "
+               "which replays the steps after the timing (about 0.3 s a step at the default sizes)");
   app.add_option("--python", python, "python with torch (Debian's python3-torch)")->capture_default_str();
   app.add_option("--torch-script", script, "the PyTorch side")->capture_default_str();
   app.add_option("--json", json_out, "also write the results here as JSON (checked before the run)");
@@ -369,16 +375,18 @@ int main(int argc, char** argv) {
       return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / k;
     };
 
-    // Where one step's time goes: forward+loss, backward, zero_grad+optimizer step.
+    // Where one step's time goes: forward+loss, backward, zero_grad+optimizer step; and
+    // the last step's loss, checked like a round's.
     auto phases_ours = [&](int k) {
       using clock = std::chrono::steady_clock;
       auto ms = [](clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
       double fwd = 0, bwd = 0, upd = 0;
+      Tensor loss;
       for (int i = 0; i < k; ++i) {
         auto t0 = clock::now();
         opt.zero_grad();
         auto t1 = clock::now();
-        Tensor loss = ag::cross_entropy((*model)(x), y);
+        loss = ag::cross_entropy((*model)(x), y);
         auto t2 = clock::now();
         autograd::backward(loss);
         auto t3 = clock::now();
@@ -388,7 +396,7 @@ int main(int argc, char** argv) {
         bwd += ms(t3 - t2);
         upd += ms(t1 - t0) + ms(t4 - t3);
       }
-      return json{{"forward_ms", fwd / k}, {"backward_ms", bwd / k}, {"optimizer_ms", upd / k}};
+      return json{{"forward_ms", fwd / k}, {"backward_ms", bwd / k}, {"optimizer_ms", upd / k}, {"loss", loss.item()}};
     };
 
     std::vector<double> our_losses;
@@ -410,13 +418,16 @@ int main(int argc, char** argv) {
     // double-precision reference's; both relative 1e-4)
     int wrong = 0;
     double max_rel = 0;
+    // Without PyTorch, the reference lives on: after the timing it replays every later
+    // step, to check the timed rounds' losses too.
+    std::unique_ptr<ReferenceMlp> reference;
+    if (!torch) reference = std::make_unique<ReferenceMlp>(dims, std::vector<double>(xv.begin(), xv.end()), yv, lr);
     {
       std::vector<double> tl;
       if (torch) {
         tl = torch_info.at("losses").get<std::vector<double>>();
       } else {
-        ReferenceMlp reference(dims, std::vector<double>(xv.begin(), xv.end()), yv, lr);
-        for (int i = 0; i < check_steps; ++i) tl.push_back(reference.step());
+        for (int i = 0; i < check_steps; ++i) tl.push_back(reference->step());
       }
       for (int i = 0; i < check_steps; ++i) {
         double rel = std::abs(our_losses[i] - tl.at(i)) / std::max(1e-12, std::abs(tl[i]));
@@ -430,25 +441,45 @@ int main(int argc, char** argv) {
       time_ours(warmup);
       if (torch) (void)torch->time_steps(warmup);
     }
-    std::vector<double> ours_ms, torch_ms;
+    // The loss at the end of each timed round (and of the phase split below) against
+    // the reference's after as many steps: PyTorch's, answered with its times, or
+    // without it the double-precision replay after all the timing.
+    std::vector<double> ours_ms, torch_ms, round_losses, reference_round_losses;
     int rounds_wrong = 0;
     double round_max_rel = 0;
+    auto check_round = [&](double ours, double reference_loss) {
+      const double rel = std::abs(ours - reference_loss) / std::max(1e-12, std::abs(reference_loss));
+      round_max_rel = std::max(round_max_rel, rel);
+      if (!(rel <= 1e-3)) ++rounds_wrong;
+    };
     for (int r = 0; r < rounds; ++r) {
       double our_loss = 0;
       ours_ms.push_back(time_ours(steps, &our_loss));
+      round_losses.push_back(our_loss);
       if (torch) {
         auto [ms, torch_loss] = torch->time_steps(steps);
         torch_ms.push_back(ms);
-        const double rel = std::abs(our_loss - torch_loss) / std::max(1e-12, std::abs(torch_loss));
-        round_max_rel = std::max(round_max_rel, rel);
-        if (!(rel <= 1e-3)) ++rounds_wrong;
+        reference_round_losses.push_back(torch_loss);
       }
     }
-    wrong += rounds_wrong;
 
-    // One phase split each, after the timed rounds (informational; the ratio uses the rounds).
+    // One phase split each, after the timed rounds (its times informational: the ratio
+    // uses the rounds; its last loss checked as a round's).
     json our_phases = phases_ours(steps);
     json torch_phases = torch ? torch->phases(steps) : json();
+    round_losses.push_back(our_phases.at("loss").get<double>());
+    if (torch) {
+      reference_round_losses.push_back(torch_phases.at("loss").get<double>());
+    } else {
+      for (int i = 0; i < warmup; ++i) reference->step();
+      for (int r = 0; r <= rounds; ++r) {  // the rounds, then the phase split
+        double loss = 0;
+        for (int i = 0; i < steps; ++i) loss = reference->step();
+        reference_round_losses.push_back(loss);
+      }
+    }
+    for (size_t r = 0; r < round_losses.size(); ++r) check_round(round_losses[r], reference_round_losses.at(r));
+    wrong += rounds_wrong;
 
     // Forward and the weight-gradient GEMM for every layer, the input-gradient GEMM for
     // every layer but the first (its input needs no gradient, so neither side computes it).
@@ -471,10 +502,13 @@ int main(int argc, char** argv) {
     };
     json result = {{"ours_ms", ours_ms}, {"ours_median_ms", om}, {"our_losses", our_losses},
                    {"our_phases", our_phases}, {"loss_max_rel_diff", max_rel}, {"wrong", wrong},
+                   {"our_round_losses", round_losses}, {"reference_round_losses", reference_round_losses},
+                   {"round_loss_max_rel_diff", round_max_rel},
                    {"loss_reference", torch ? "pytorch" : "double-precision loops"}};
     if (!torch) {
-      std::printf("loss check over %d steps against a double-precision reference (plain loops): max relative "
-                  "difference %.2e, %d wrong\n", check_steps, max_rel, wrong);
+      std::printf("loss check against a double-precision reference (plain loops), every step replayed: max "
+                  "relative difference %.2e over the first %d steps, %.2e at the end of each of %d timed rounds "
+                  "and of the phase split, %d wrong\n", max_rel, check_steps, round_max_rel, rounds, wrong);
       std::printf("phases (%d steps, after the rounds):\n", steps);
       print_phases("ringtrain", our_phases);
     }
@@ -484,7 +518,7 @@ int main(int argc, char** argv) {
       std::printf("ratio ringtrain/pytorch (median): %.3f  (target <= 1.0: %s)\n", om / tm,
                   wrong > 0 ? "UNCHECKED: the losses differ, see below" : om / tm <= 1.0 ? "met" : "NOT met");
       std::printf("loss check over %d steps and %d timed rounds: max relative difference %.2e (first steps), "
-                  "%.2e (end of each round), %d wrong\n",
+                  "%.2e (end of each round and of the phase split), %d wrong\n",
                   check_steps, rounds, max_rel, round_max_rel, wrong);
       std::printf("pytorch %s, BLAS: %s\n", torch_info.value("version", "?").c_str(),
                   torch_info.value("blas", "?").c_str());
@@ -496,7 +530,6 @@ int main(int argc, char** argv) {
       result["torch_median_ms"] = tm;
       result["ratio"] = om / tm;
       result["torch"] = torch_info;
-      result["round_loss_max_rel_diff"] = round_max_rel;
     }
     if (!json_out.empty()) {
       if (std::string error = bench::write_text_file("--json", json_out, result.dump(2) + "\n"); !error.empty()) {

@@ -18,8 +18,8 @@ first `check_steps` steps so the C++ side can check both compute the same thing.
 --serve (how bench/mlp_step.cc drives it, so that the two implementations take
 turns on the CPU within one run): prints the setup JSON line (losses, version,
 BLAS), then answers each stdin line "time K" with {"ms_per_step": ..., "loss": ...} (the
-last step's loss) after running K steps, and "phases K" with the forward/backward/optimizer split, until
-"quit" or end of input.
+last step's loss) after running K steps, and "phases K" with the forward/backward/optimizer
+split and the last step's loss, until "quit" or end of input.
 Run with one thread: torch.set_num_threads(1) and OMP/OPENBLAS_NUM_THREADS=1.
 """
 import argparse
@@ -111,7 +111,8 @@ def main():
         return loss
 
     def phases(k):
-        """ms per step spent in forward+loss, backward, and zero_grad+optimizer step."""
+        """ms per step spent in forward+loss, backward, and zero_grad+optimizer step, and
+        the last step's loss (mlp_step checks it)."""
         fwd = bwd = opt_ms = 0.0
         for _ in range(k):
             t0 = time.perf_counter()
@@ -126,7 +127,8 @@ def main():
             fwd += t2 - t1
             bwd += t3 - t2
             opt_ms += (t1 - t0) + (t4 - t3)
-        return {"forward_ms": fwd * 1e3 / k, "backward_ms": bwd * 1e3 / k, "optimizer_ms": opt_ms * 1e3 / k}
+        return {"forward_ms": fwd * 1e3 / k, "backward_ms": bwd * 1e3 / k, "optimizer_ms": opt_ms * 1e3 / k,
+                "loss": float(loss.item())}
 
     losses = [float(step().item()) for _ in range(a.check_steps)]
     info = {"impl": "pytorch", "version": torch.__version__, "threads": torch.get_num_threads(),
