@@ -17,9 +17,11 @@
 //                               x_ceiling as above; #wrong = 1 when the last timed sum is
 //                               more than 1e-5 relative from the float64 sum on the host.
 // Times are CUDA-event times on the current stream (manual time), after warm-up. The
-// GEMM ceiling is one sample of 10 direct calls taken at start-up, while "ours" is the
-// benchmark's sustained loop: x_ceiling compares two differently timed figures (a known
-// weakness; timing both alternately inside BM_Gemm would be the fix).
+// ceilings are measured at start-up, each the median of kCeilingSamples samples (10
+// direct GEMM calls, or 20 copies, per sample; one sample alone would carry whatever
+// clock ramp or hiccup it met), while "ours" is the benchmark's sustained loop:
+// x_ceiling still compares two differently timed figures (timing both alternately
+// inside BM_Gemm would remove that).
 // Any #wrong makes the program exit 1 after the table (the rows stay, marked).
 // Without a usable GPU the program prints the reason and exits 0 (built only with CUDA).
 #include <benchmark/benchmark.h>
@@ -33,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_cli.h"
 #include "tensor/checks.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/ops.h"
@@ -66,6 +69,16 @@ cudaDataType_t cuda_type(DType dtype) {
 }
 
 // ---------------------------------------------------------------- ceilings, measured once
+
+constexpr int kCeilingSamples = 5;  // each ceiling: the median of this many samples
+
+// The median over kCeilingSamples samples of time_gpu(fn, reps): seconds per call.
+template <typename Fn>
+double median_time_gpu(Fn&& fn, int reps) {
+  std::vector<double> samples;
+  for (int i = 0; i < kCeilingSamples; ++i) samples.push_back(time_gpu(fn, reps));
+  return bench::median(samples);
+}
 
 // Direct cublasGemmEx (row-major trick as in matmul.cu), f32 accumulation, no TF32.
 struct DirectGemm {
@@ -101,7 +114,7 @@ void measure_ceilings(const std::vector<DType>& dtypes, const std::vector<int>& 
       Tensor a = rand({n, n}, gen, dtype, kCuda), b = rand({n, n}, gen, dtype, kCuda);
       Tensor c = Tensor::empty({n, n}, dtype, kCuda);
       for (int i = 0; i < 3; ++i) direct.run(a, b, c, n);
-      double s = time_gpu([&] { direct.run(a, b, c, n); }, 10);
+      double s = median_time_gpu([&] { direct.run(a, b, c, n); }, 10);
       gemm_ceiling()[std::string(dtype_name(dtype)) + "/" + std::to_string(n)] =
           2.0 * n * n * n / s / 1e12;
     }
@@ -114,7 +127,7 @@ void measure_ceilings(const std::vector<DType>& dtypes, const std::vector<int>& 
                                static_cast<cudaStream_t>(cuda::current_stream(0).handle())));
   };
   copy();
-  memcpy_gbps() = 2.0 * bytes / time_gpu(copy, 20) / 1e9;  // read + write
+  memcpy_gbps() = 2.0 * bytes / median_time_gpu(copy, 20) / 1e9;  // read + write
 }
 
 // ---------------------------------------------------------------- benchmarks

@@ -3,6 +3,6 @@
 # a usable GPU the program prints why and exits 0.
 if(RINGTRAIN_HAS_CUDA)
   add_executable(bench_tensor_cuda ${CMAKE_CURRENT_LIST_DIR}/tensor_cuda.cc)
-  target_link_libraries(bench_tensor_cuda PRIVATE ringtrain::tensor benchmark::benchmark CUDA::cudart
+  target_link_libraries(bench_tensor_cuda PRIVATE ringtrain::tensor benchmark::benchmark CLI11::CLI11 CUDA::cudart
                         CUDA::cublas)
 endif()
