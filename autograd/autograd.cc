@@ -46,9 +46,12 @@ AutogradMeta* meta_or_null(const Tensor& t) {
 const Tensor& set_requires_grad(const Tensor& t, bool requires_grad) {
   RT_CHECK(t.defined(), "set_requires_grad: undefined tensor");
   AutogradMeta* m = meta_or_null(t);
+  // A computed tensor requires grad already: asking for that again is a no-op (PyTorch's
+  // requires_grad_()); only turning it off is an error.
+  if (m && m->grad_fn && requires_grad) return t;
   RT_CHECK(!(m && m->grad_fn), "set_requires_grad: ", t.describe(),
            " is not a leaf (it was computed by ", m ? m->grad_fn->name() : "",
-           "); call detach() first to make a leaf");
+           "), so it cannot stop requiring grad; use detach() for a copy without history");
   RT_CHECK(!requires_grad || is_floating_point(t.dtype()),
            "set_requires_grad: only floating-point tensors can require grad, got ", t.describe());
   if (!m && !requires_grad) return t;

@@ -164,7 +164,8 @@ class EnableGradGuard {
 };
 
 // ---------------------------------------------------------------- tensor-side API
-// Marks a leaf as needing a gradient (float dtypes only). Throws on a non-leaf.
+// Marks a leaf as needing a gradient (float dtypes only). On a non-leaf (which requires
+// grad already) true is a no-op and false throws, as PyTorch's requires_grad_().
 const Tensor& set_requires_grad(const Tensor& t, bool requires_grad = true);
 bool requires_grad(const Tensor& t);
 bool is_leaf(const Tensor& t);                    // no grad_fn

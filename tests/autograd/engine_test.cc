@@ -143,6 +143,20 @@ TEST(Engine, AHookThatChangesTheGradientsDtypeIsNamed) {
   expect_error([&] { backward(ag::sum(z)); }, {"grad hook on the output of mul", "float32[3, 1]"});
 }
 
+// set_requires_grad(t, true) on a computed tensor is a no-op, as requires_grad_() is in
+// PyTorch (it threw "not a leaf"); turning it off still throws and names detach().
+TEST(Engine, SetRequiresGradTrueOnAComputedTensorIsANoOp) {
+  Tensor x = param({1, 2}, {2});
+  Tensor y = ag::mul(x, 3.0);
+  autograd::set_requires_grad(y);
+  EXPECT_TRUE(autograd::requires_grad(y));
+  EXPECT_EQ(autograd::grad_fn(y)->name(), "mul");
+  backward(ag::sum(y));
+  EXPECT_EQ(values(grad(x)), (std::vector<float>{3, 3}));
+  Tensor z = ag::mul(x, 3.0);
+  expect_error([&] { autograd::set_requires_grad(z, false); }, {"float32[2]", "not a leaf", "mul", "detach()"});
+}
+
 TEST(Engine, RetainGraphAllowsSecondBackward) {
   Tensor x = param({1, 2}, {2});
   Tensor loss = ag::sum(ag::mul(x, x));
