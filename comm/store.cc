@@ -38,8 +38,38 @@ void write_message(const Socket& socket, const json& message, Deadline deadline)
   socket.send_all(body.data(), body.size(), deadline);
 }
 
-// Reads one framed message of at most max_bytes; throws CommError for oversized or
-// malformed ones.
+// How deep a message may nest. Store messages are one flat map; nlohmann's MessagePack
+// reader recurses once per level, so a frame of nested one-element arrays (one byte a
+// level) within the size limit would overflow the reading thread's stack and kill the
+// process: rank 0's store, for any client that passed the hello (an env:// token is
+// derived from the port and world size), or a client, for whatever holds the port.
+constexpr size_t kMaxMessageDepth = 16;
+
+// A parse that builds nothing and stops at the first level beyond kMaxMessageDepth,
+// before from_msgpack, which would recurse that deep.
+class DepthCheck : public nlohmann::json_sax<json> {
+ public:
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return ++depth_ <= kMaxMessageDepth; }
+  bool key(string_t&) override { return true; }
+  bool end_object() override { return --depth_, true; }
+  bool start_array(std::size_t) override { return ++depth_ <= kMaxMessageDepth; }
+  bool end_array() override { return --depth_, true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+  bool too_deep() const { return depth_ > kMaxMessageDepth; }
+
+ private:
+  size_t depth_ = 0;
+};
+
+// Reads one framed message of at most max_bytes; throws CommError for oversized,
+// too deeply nested or malformed ones.
 json read_message(const Socket& socket, Deadline deadline,
                   size_t max_bytes = kMaxStoreMessageBytes) {
   uint8_t header[4];
@@ -53,6 +83,12 @@ json read_message(const Socket& socket, Deadline deadline,
   }
   std::vector<uint8_t> body(length);
   socket.recv_all(body.data(), length, deadline);
+  DepthCheck depth;
+  json::sax_parse(body, &depth, json::input_format_t::msgpack, /*strict=*/true);
+  if (depth.too_deep()) {
+    throw CommError(detail::concat("store: malformed message (nested deeper than ", kMaxMessageDepth,
+                                   " levels; a store message is one flat MessagePack map)"));
+  }
   json message = json::from_msgpack(body, /*strict=*/true, /*allow_exceptions=*/false);
   if (message.is_discarded() || !message.is_object() || !message.contains("op")) {
     if (!message.is_discarded() && message.is_object() && message.contains("ok")) return message;

@@ -96,6 +96,19 @@ class RawClient {
     socket_.recv_all(reply.data(), reply.size(), Clock::now() + 2s);
     return nlohmann::json::from_msgpack(reply);
   }
+  // The same with a body of raw bytes (what to_msgpack could not make, or would
+  // overflow this thread's stack making).
+  nlohmann::json ask_bytes(const std::string& body) {
+    const uint32_t length = static_cast<uint32_t>(body.size());
+    uint8_t header[4] = {static_cast<uint8_t>(length), static_cast<uint8_t>(length >> 8),
+                         static_cast<uint8_t>(length >> 16), static_cast<uint8_t>(length >> 24)};
+    socket_.send_all(header, 4, Clock::now() + 2s);
+    socket_.send_all(body.data(), body.size(), Clock::now() + 2s);
+    socket_.recv_all(header, 4, Clock::now() + 2s);
+    std::vector<uint8_t> reply(header[0] | (header[1] << 8) | (header[2] << 16) | (header[3] << 24));
+    socket_.recv_all(reply.data(), reply.size(), Clock::now() + 2s);
+    return nlohmann::json::from_msgpack(reply);
+  }
   void close() { socket_.close(); }  // as the kernel closes a killed process's sockets
 
  private:
@@ -218,6 +231,38 @@ TEST(Store, RejectsMalformedMessage) {
   std::string error = raw_exchange(server.port(), frame + body);
   EXPECT_NE(error.find("malformed"), std::string::npos) << error;
   EXPECT_EQ(server.rejected_connections(), 1);
+}
+
+// A million nested one-element arrays: a valid MessagePack frame of 1 MiB, under the
+// limit for a client past the hello. nlohmann's reader recurses once per level, and the
+// store's thread overflowed its stack: rank 0 died of SIGSEGV. Now it is refused like any
+// malformed message, and the store serves on. A client reading such a reply (whatever
+// holds the port answering the hello) is told so too.
+TEST(Store, RejectsDeeplyNestedMessagesInsteadOfOverflowingTheStack) {
+  const std::string nested = std::string(1 << 20, '\x91') + '\xc0';
+  StoreServer server("127.0.0.1", 0, "t");
+  RawClient client(server.port(), "t");
+  const nlohmann::json reply = client.ask_bytes(nested);
+  EXPECT_FALSE(reply.value("ok", true));
+  EXPECT_NE(reply.value("error", std::string()).find("nested deeper than 16 levels"), std::string::npos) << reply;
+  Store store("127.0.0.1", server.port(), "t");
+  store.set("still", "serving");
+  EXPECT_EQ(store.get("still", 1s), "serving");
+
+  Socket listener = Socket::listen("127.0.0.1", 0);
+  std::thread impostor([&] {
+    Socket peer = listener.accept(Clock::now() + 5s);
+    const std::string frame = std::string("\x01\x00\x10\x00", 4) + nested;  // length 1 MiB + 1
+    peer.send_all(frame.data(), frame.size(), Clock::now() + 5s);
+    std::this_thread::sleep_for(500ms);
+  });
+  try {
+    Store fooled("127.0.0.1", listener.local_port(), "t", 5s);
+    ADD_FAILURE() << "a nested reply was taken for a hello";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("nested deeper than"), std::string::npos) << e.what();
+  }
+  impostor.join();
 }
 
 TEST(Store, RejectsRequestsBeforeHello) {
