@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -85,6 +86,16 @@ int64_t drop_rows_logged_after(const std::string& path, size_t step_column, int6
   }
   if (removed > 0) write_file_atomically(path, kept);
   return removed;
+}
+
+// `value` as the shortest text that reads back as the same double (Python's repr, which
+// is what Lightning's CSVLogger writes). The logs are compared across runs to show that
+// a resumed run replays an uninterrupted one bit for bit; the stream default (6
+// significant digits) hid any difference below them.
+std::string exact(double value) {
+  char text[32];
+  const auto [end, ec] = std::to_chars(text, text + sizeof text, value);
+  return std::string(text, end);
 }
 
 // How the model is wrapped, after resolving "auto" against the environment.
@@ -669,7 +680,7 @@ FitResult Trainer::run_fit(TrainingModule& module, std::shared_ptr<const data::D
       optimizer.zero_grad();
       ++global_step;
       if (step_log.is_open()) {
-        step_log << global_step << "," << epoch << "," << step_loss << "\n" << std::flush;
+        step_log << global_step << "," << epoch << "," << exact(step_loss) << "\n" << std::flush;
         RT_CHECK(step_log.good(), "Trainer: writing the step log '", o.step_log_csv, "' failed: ", std::strerror(errno),
                  " (disk full?)");
       }
@@ -742,9 +753,9 @@ FitResult Trainer::run_fit(TrainingModule& module, std::shared_ptr<const data::D
           csv << "\n";
         }
         RT_CHECK(csv.good(), "Trainer: cannot write metrics_csv '", o.metrics_csv, "': ", std::strerror(errno));
-        csv << epoch << "," << global_step << "," << (loss_count ? loss_sum / loss_count : 0.0) << "," << seconds
-            << "," << epoch_lr;
-        for (auto& [k, v] : totals) csv << "," << v;
+        csv << epoch << "," << global_step << "," << exact(loss_count ? loss_sum / loss_count : 0.0) << ","
+            << seconds << "," << exact(epoch_lr);
+        for (auto& [k, v] : totals) csv << "," << exact(v);
         csv << "\n" << std::flush;
         RT_CHECK(csv.good(), "Trainer: writing metrics_csv '", o.metrics_csv, "' failed: ", std::strerror(errno),
                  " (disk full?)");

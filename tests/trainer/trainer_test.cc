@@ -644,6 +644,61 @@ TEST(TrainerTest, ARequeuedJobWithNothingToResumeFromWarns) {
   fs::remove_all(dir);
 }
 
+// A classifier that records the loss of every training step it computes.
+class LossRecordingClassifier : public BlobClassifier {
+ public:
+  Tensor training_step(const data::Batch& b, StepContext& ctx) override {
+    Tensor loss = BlobClassifier::training_step(b, ctx);
+    losses.push_back(loss.item());
+    return loss;
+  }
+  Optimizers configure_optimizers(nn::Module& m) override {
+    auto sgd = std::make_unique<nn::SGD>(m.parameters(), nn::SGDOptions{.lr = 0.1});
+    auto cosine = std::make_unique<nn::CosineAnnealingLR>(*sgd, 3);
+    return {std::move(sgd), std::move(cosine)};
+  }
+  std::vector<double> losses;
+};
+
+// The step log is there to show that a resumed run replays an uninterrupted one bit for
+// bit (tests/trainer/requeue_replay.sh compares two with cmp), and the metrics CSV is
+// read back as numbers. Both held 6 significant digits (0.912345 for 0.91234567...), so
+// runs that differed below that compared equal. Each value now reads back exactly, as
+// Lightning's CSVLogger (Python's repr) writes it.
+TEST(TrainerTest, TheLogsHoldLossesAndLearningRatesExactly) {
+  fs::path dir = fresh_dir("rt_trainer_exact_logs");
+  fs::create_directories(dir);
+  LossRecordingClassifier m;
+  Trainer(quiet({.max_epochs = 3, .batch_size = 16, .metrics_csv = (dir / "m.csv").string(),
+                 .step_log_csv = (dir / "s.csv").string()}))
+      .fit(m, blobs(64, 1));  // 4 steps per epoch
+  ASSERT_EQ(m.losses.size(), 12u);
+  auto column = [](const std::string& line, int index) {
+    size_t start = 0;
+    for (int i = 0; i < index; ++i) start = line.find(',', start) + 1;
+    return std::stod(line.substr(start, line.find(',', start) - start));
+  };
+  std::ifstream steps(dir / "s.csv");
+  std::vector<double> logged;
+  for (std::string line; std::getline(steps, line);) logged.push_back(column(line, 2));
+  EXPECT_EQ(logged, m.losses);
+
+  std::ifstream metrics(dir / "m.csv");
+  std::string line;
+  std::getline(metrics, line);  // header: epoch,step,train_loss,seconds,lr
+  nn::SGD sgd({Tensor::from_vector<float>({0}, {1})}, nn::SGDOptions{.lr = 0.1});
+  nn::CosineAnnealingLR cosine(sgd, 3);
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    ASSERT_TRUE(std::getline(metrics, line)) << "epoch " << epoch;
+    double sum = 0;
+    for (int i = 0; i < 4; ++i) sum += m.losses[4 * epoch + i];
+    EXPECT_EQ(column(line, 2), sum / 4) << line;
+    EXPECT_EQ(column(line, 4), sgd.param_groups().front().lr()) << line;
+    cosine.step();
+  }
+  fs::remove_all(dir);
+}
+
 // Task 1 of `srun -N1 --ntasks-per-node=2 --gpus-per-task=1`, set for the scope (the
 // outside_slurm.h guard cleared the real job's variables).
 class AnSrunTaskWithItsOwnGpu {
