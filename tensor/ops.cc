@@ -148,8 +148,9 @@ Tensor scalar_op(BinaryOp op, const Tensor& a, double b) {
   return out;
 }
 
-// A reduction's dim, wrapped. A 0-d tensor accepts dim 0 and -1, as PyTorch (its one element
-// reduced to a 0-d result); the wrapped value is then 0.
+// A dim of `a` for an op that runs along one (a reduction, softmax, gather), wrapped. A 0-d
+// tensor accepts dim 0 and -1, as PyTorch (the op sees its one element); the wrapped value is
+// then 0.
 int64_t wrap_reduction_dim(int64_t dim, const Tensor& a, const char* op) {
   if (a.dim() > 0) return wrap_dim(dim, a.dim(), op);
   RT_CHECK(dim == 0 || dim == -1, op, ": dim ", dim, " is out of range for the 0-d tensor ", a.describe(),
@@ -739,8 +740,12 @@ namespace {
 Tensor softmax_impl(const Tensor& a, int64_t dim, bool log, const char* op) {
   check_defined(a, op, "input");
   check_floating(a, op);
-  // A 0-d tensor is softmaxed as its one-element 1-d view (the kernels want a dim to run along).
-  if (a.dim() == 0) return softmax_impl(a.reshape({1}), 0, log, op).reshape({});
+  // A 0-d tensor is softmaxed as its one-element 1-d view (the kernels want a dim to run along);
+  // its dim must still be 0 or -1.
+  if (a.dim() == 0) {
+    wrap_reduction_dim(dim, a, op);
+    return softmax_impl(a.reshape({1}), 0, log, op).reshape({});
+  }
   int64_t d = wrap_dim(dim, a.dim(), op);
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
   if (out.numel() > 0) RT_KERNEL(a, softmax)(a.contiguous(), d, log, out);
@@ -753,8 +758,10 @@ Tensor softmax_backward_impl(const Tensor& grad_out, const Tensor& output, int64
   check_same_dtype(grad_out, output, op);
   RT_CHECK(grad_out.shape() == output.shape(), op, ": grad_out ", grad_out.describe(),
            " and output ", output.describe(), " differ in shape");
-  if (output.dim() == 0)
+  if (output.dim() == 0) {
+    wrap_reduction_dim(dim, output, op);
     return softmax_backward_impl(grad_out.reshape({1}), output.reshape({1}), 0, log, op).reshape({});
+  }
   int64_t d = wrap_dim(dim, output.dim(), op);
   Tensor grad_in = Tensor::empty(output.shape(), output.dtype(), output.device());
   if (grad_in.numel() > 0)
@@ -807,7 +814,7 @@ Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
   check_defined(index, "gather", "index");
   check_same_device(a, index, "gather");
   check_int64(index, "gather", "index");
-  int64_t d = wrap_dim(dim, a.dim(), "gather");
+  int64_t d = wrap_reduction_dim(dim, a, "gather");  // a 0-d input takes dim 0 or -1
   RT_CHECK(index.dim() == a.dim(), "gather: index ", index.describe(), " must have the rank of ",
            a.describe());
   for (int64_t i = 0; i < a.dim(); ++i)

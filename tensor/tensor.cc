@@ -64,6 +64,14 @@ int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
   return wrapped;
 }
 
+namespace {
+// For a 0-d tensor, the views that PyTorch lets name dim 0 or -1 (squeeze, transpose): checks
+// that `dim` is one of those, naming `op` otherwise.
+void check_scalar_dim(int64_t dim, const char* op) {
+  RT_CHECK(dim == 0 || dim == -1, op, ": dim ", dim, " is out of range for a 0-d tensor (it takes dim 0 or -1)");
+}
+}  // namespace
+
 // ------------------------------------------------------------------ construction
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
@@ -293,6 +301,11 @@ Tensor Tensor::select(int64_t d, int64_t index) const {
 }
 
 Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
+  if (dim() == 0) {  // as PyTorch: swapping dim 0 with itself, the tensor as is
+    check_scalar_dim(d0, "Tensor::transpose");
+    check_scalar_dim(d1, "Tensor::transpose");
+    return *this;
+  }
   d0 = wrap_dim(d0, dim(), "Tensor::transpose");
   d1 = wrap_dim(d1, dim(), "Tensor::transpose");
   Shape shape = this->shape();
@@ -328,6 +341,10 @@ Tensor Tensor::unsqueeze(int64_t d) const {
 }
 
 Tensor Tensor::squeeze(int64_t d) const {
+  if (dim() == 0) {  // as PyTorch: nothing to squeeze, the tensor as is
+    check_scalar_dim(d, "Tensor::squeeze");
+    return *this;
+  }
   d = wrap_dim(d, dim(), "Tensor::squeeze");
   if (shape()[d] != 1) return *this;
   Shape shape = this->shape();

@@ -93,6 +93,36 @@ TEST(CrossEntropy, MatchesReferenceWithIgnoreAndSmoothing) {
   }
 }
 
+// A 0-d tensor takes dim 0 or -1, as PyTorch: softmax is 1 (log_softmax 0) and its backward
+// follows, gather reads the one element (it threw "dim 0 is out of range"). Any other dim is an
+// error (softmax took any dim of a 0-d tensor without a look).
+TEST(ZeroDim, SoftmaxAndGatherTakeDimZeroOrMinusOne) {
+  Tensor s = scalar_tensor(3.5);
+  Tensor zero_index = Tensor::from_vector<int64_t>({0}, {});
+  for (int64_t d : {0, -1}) {
+    EXPECT_EQ(softmax(s, d).item(), 1.0);
+    EXPECT_EQ(log_softmax(s, d).item(), 0.0);
+    EXPECT_EQ(softmax_backward(scalar_tensor(2), softmax(s, d), d).item(), 0.0);
+    EXPECT_EQ(log_softmax_backward(scalar_tensor(2), log_softmax(s, d), d).item(), 0.0);
+    Tensor g = gather(s, d, zero_index);
+    EXPECT_EQ(g.dim(), 0);
+    EXPECT_EQ(g.item(), 3.5);
+  }
+  EXPECT_THROW(gather(s, 0, Tensor::from_vector<int64_t>({1}, {})), Error);  // index out of range
+  for (int64_t bad : {1, -2}) {
+    try {
+      softmax(s, bad);
+      ADD_FAILURE() << "softmax over dim " << bad << " of a 0-d tensor was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("takes dim 0 or -1"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(log_softmax(s, bad), Error);
+    EXPECT_THROW(softmax_backward(s, s, bad), Error);
+    EXPECT_THROW(log_softmax_backward(s, s, bad), Error);
+    EXPECT_THROW(gather(s, bad, zero_index), Error);
+  }
+}
+
 TEST(Gather, AlongEveryDimWithSmallerIndex) {
   uint64_t seed = 80;
   for (DType dtype : kAllDTypes) {

@@ -240,6 +240,31 @@ TEST(Printing, IntegersPrintExactly) {
   EXPECT_NE(scalar_tensor(1.0 / 3).str().find("Tensor(0.333333,"), std::string::npos);
 }
 
+// As PyTorch, squeeze and transpose of a 0-d tensor take dim 0 or -1 and give the tensor as
+// is (they threw "dim 0 is out of range"); any other dim is named in the error.
+TEST(Views, ZeroDimTensorSqueezesAndTransposesAlongDimZeroOrMinusOne) {
+  Tensor s = scalar_tensor(5);
+  for (int64_t d : {0, -1}) {
+    EXPECT_EQ(s.squeeze(d).dim(), 0);
+    EXPECT_EQ(s.squeeze(d).item(), 5.0);
+    for (int64_t e : {0, -1}) {
+      EXPECT_EQ(s.transpose(d, e).dim(), 0);
+      EXPECT_EQ(s.transpose(d, e).item(), 5.0);
+    }
+  }
+  for (int64_t bad : {1, -2}) {
+    try {
+      s.squeeze(bad);
+      ADD_FAILURE() << "squeeze(" << bad << ") of a 0-d tensor was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("Tensor::squeeze: dim " + std::to_string(bad)), std::string::npos)
+          << e.what();
+    }
+    EXPECT_THROW(s.transpose(0, bad), Error);
+    EXPECT_THROW(s.transpose(bad, -1), Error);
+  }
+}
+
 // item<T>() reads the one element exactly in T: an int64 above 2^53 has no double, so item()
 // rounds 2^53 + 1 to 2^53 (and INT64_MAX to 2^63), while item<int64_t>() keeps it, as PyTorch's
 // .item() does. item() itself still gives a double for every dtype.
