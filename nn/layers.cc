@@ -115,6 +115,8 @@ std::string Conv2d::extra_repr() const {
   std::ostringstream os;
   os << in_channels_ << ", " << out_channels_ << ", kernel_size=" << kernel_size_
      << ", stride=" << params_.stride_h << ", padding=" << params_.pad_h;
+  // Like PyTorch's repr, the settings left at their defaults are not shown.
+  if (params_.dilation_h != 1) os << ", dilation=" << params_.dilation_h;
   if (params_.groups != 1) os << ", groups=" << params_.groups;
   if (!has_bias_) os << ", bias=false";
   return os.str();

@@ -193,6 +193,15 @@ TEST(Module, ToAnIntegerDtypeIsRefusedAndChangesNothing) {
   EXPECT_EQ(w.dtype(), DType::kFloat64);
 }
 
+// str() shows every setting that is not at its default, as PyTorch's repr: a dilated
+// convolution printed like an undilated one.
+TEST(Module, Conv2dStrShowsDilationAndGroups) {
+  Generator gen(6);
+  EXPECT_EQ(Conv2d(2, 4, 3, 1, 2, true, gen, /*dilation=*/2, /*groups=*/2).str(),
+            "Conv2d(2, 4, kernel_size=3, stride=1, padding=2, dilation=2, groups=2)");
+  EXPECT_EQ(Conv2d(1, 2, 3, 2, 0, false, gen).str(), "Conv2d(1, 2, kernel_size=3, stride=2, padding=0, bias=false)");
+}
+
 TEST(Module, CloneIsDeep) {
   Generator gen(5);
   auto m = std::make_shared<TwoLayer>(gen);
