@@ -380,6 +380,9 @@ Store::Store(const std::string& host, int port, const std::string& token,
   // the error names the store and the likely cause, not just "timed out receiving", and
   // comes within kHelloTimeout, not at the end of the whole rendezvous.
   const Deadline hello_deadline = std::min(deadline, Clock::now() + kHelloTimeout);
+  // what is left of the caller's connect_timeout may be less than kHelloTimeout
+  const int64_t hello_seconds =
+      (std::chrono::duration_cast<std::chrono::milliseconds>(hello_deadline - Clock::now()).count() + 999) / 1000;
   auto not_a_store = [&](const std::string& what) {
     return detail::concat("store at ", host_port(host, port), " ", what,
                           ": is MASTER_ADDR:MASTER_PORT this job's rank 0? Another service (or a process "
@@ -393,7 +396,7 @@ Store::Store(const std::string& host, int port, const std::string& token,
     throw CommError(not_a_store("closed the connection during the handshake"));
   } catch (const CommTimeoutError& e) {
     throw CommTimeoutError(not_a_store(detail::concat("did not answer the handshake within ",
-                                                      kHelloTimeout.count(), " s (", e.what(), ")")));
+                                                      hello_seconds, " s (", e.what(), ")")));
   } catch (const std::exception& e) {
     throw CommError(not_a_store(detail::concat("answered the handshake with something else (", e.what(), ")")));
   }
