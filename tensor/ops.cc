@@ -889,16 +889,25 @@ Tensor one_hot(const Tensor& index, int64_t num_classes, DType dtype) {
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   RT_CHECK(!tensors.empty(), "cat: needs at least one tensor");
-  const Tensor& first = tensors[0];
-  check_defined(first, "cat", "tensor 0");
+  for (const Tensor& t : tensors) check_defined(t, "cat", "an input");
+  // As PyTorch, a 1-d empty tensor (shape [0]) joins tensors of any rank, adding nothing: the
+  // empty start of an accumulation (parts = cat({parts, next})) is such a tensor. The shape
+  // comes from the first other tensor.
+  const auto skipped = [](const Tensor& t) { return t.dim() == 1 && t.size(0) == 0; };
+  size_t ref = 0;
+  while (ref + 1 < tensors.size() && skipped(tensors[ref])) ++ref;
+  const Tensor& first = tensors[ref];
+  for (size_t i = 0; i < tensors.size(); ++i)
+    RT_CHECK(tensors[i].dim() > 0, "cat: tensor ", i, " ", tensors[i].describe(),
+             " is 0-d and cannot be concatenated; stack() the 0-d tensors, or unsqueeze(0) them first");
   int64_t d = wrap_dim(dim, first.dim(), "cat");
   Shape shape = first.shape();
   shape[d] = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
-    check_defined(t, "cat", "an input");
     check_same_device(first, t, "cat");
     check_same_dtype(first, t, "cat");
+    if (skipped(t)) continue;
     RT_CHECK(t.dim() == first.dim(), "cat: tensor ", i, " ", t.describe(), " has a different rank than ",
              first.describe());
     for (int64_t j = 0; j < t.dim(); ++j)
@@ -909,6 +918,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   Tensor out = Tensor::empty(shape, first.dtype(), first.device());
   int64_t offset = 0;
   for (const Tensor& t : tensors) {
+    if (skipped(t)) continue;
     out.narrow(d, offset, t.size(d)).copy_(t);
     offset += t.size(d);
   }

@@ -256,6 +256,8 @@ Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index);
 Tensor& index_add_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
 // Every index must lie in [0, num_classes) (checked: reads the min/max back to the host).
 Tensor one_hot(const Tensor& index, int64_t num_classes, DType dtype = DType::kFloat32);
+// Joins along `dim`; the other dims must match. As PyTorch, a 1-d empty tensor ([0]) is skipped
+// whatever the others' rank (an empty accumulator), and 0-d tensors are refused (stack them).
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
 

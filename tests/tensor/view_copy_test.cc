@@ -240,6 +240,30 @@ TEST(Printing, IntegersPrintExactly) {
   EXPECT_NE(scalar_tensor(1.0 / 3).str().find("Tensor(0.333333,"), std::string::npos);
 }
 
+// As PyTorch, cat skips a 1-d empty tensor whatever the other tensors' rank (cat({empty [0],
+// [2, 3]}) threw "different rank"), keeps checking its dtype and device, and refuses 0-d tensors
+// with a message that names stack().
+TEST(Views, CatSkipsOneDimEmptyTensorsAndRefusesZeroDimOnes) {
+  Tensor none = zeros({0});
+  Tensor a = arange(0, 6, 1, DType::kFloat32).reshape({2, 3});
+  Tensor b = full({2, 1}, 7);
+  Tensor r = cat({none, a, none, b, none}, 1);
+  EXPECT_EQ(r.shape(), (Shape{2, 4}));
+  EXPECT_EQ(r.to_vector<float>(), (std::vector<float>{0, 1, 2, 7, 3, 4, 5, 7}));
+  EXPECT_EQ(cat({none, a}, -2).shape(), (Shape{2, 3}));
+  EXPECT_EQ(cat({none, none}).shape(), (Shape{0}));
+  EXPECT_EQ(cat({none, arange(0, 2, 1, DType::kFloat32)}).to_vector<float>(), (std::vector<float>{0, 1}));
+  EXPECT_THROW(cat({zeros({0}, DType::kFloat64), a}), Error);  // its dtype still counts
+  EXPECT_THROW(cat({zeros({0, 3}), zeros({2})}), Error);      // a 2-d empty tensor is not skipped
+  try {
+    cat({scalar_tensor(1), scalar_tensor(2)});
+    ADD_FAILURE() << "cat of 0-d tensors was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is 0-d and cannot be concatenated; stack()"), std::string::npos)
+        << e.what();
+  }
+}
+
 // As PyTorch, squeeze and transpose of a 0-d tensor take dim 0 or -1 and give the tensor as
 // is (they threw "dim 0 is out of range"); any other dim is named in the error.
 TEST(Views, ZeroDimTensorSqueezesAndTransposesAlongDimZeroOrMinusOne) {
