@@ -165,6 +165,8 @@ class Module {
   // ---- registration (call from constructors) ----
   // Registers a parameter (a leaf; requires_grad set as given). Names must be
   // unique among this module's parameters, buffers and children and contain no '.'.
+  // A child may be shared (registered in several places), but one that is, or
+  // contains, this module is refused: the tree would be a cycle.
   ParamSlot register_parameter(const std::string& name, Tensor value, bool requires_grad = true);
   BufferSlot register_buffer(const std::string& name, Tensor value);
   template <typename M>

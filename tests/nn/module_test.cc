@@ -202,6 +202,26 @@ TEST(Module, Conv2dStrShowsDilationAndGroups) {
   EXPECT_EQ(Conv2d(1, 2, 3, 2, 0, false, gen).str(), "Conv2d(1, 2, kernel_size=3, stride=2, padding=0, bias=false)");
 }
 
+// A module registered inside itself, directly or through a descendant, is refused:
+// it made every walk (parameters(), state_dict(), str(), forward) recurse until the
+// stack overflowed. Sharing one submodule in two places is still fine.
+TEST(Module, RegisteringAModuleInsideItselfIsRefused) {
+  auto outer = make<Sequential>();
+  testing::expect_error([&] { outer->push_back(outer); }, {"submodule '0'", "itself", "cycle"});
+  auto inner = make<Sequential>();
+  outer->push_back(inner);
+  testing::expect_error([&] { inner->push_back(outer); }, {"submodule '0'", "contains this module", "cycle"});
+  auto deep = make<Sequential>();
+  inner->push_back(deep);
+  testing::expect_error([&] { deep->push_back(outer); }, {"contains this module"});
+  auto shared = make<Linear>(2, 2);
+  outer->push_back(shared).push_back(shared);  // a DAG, not a cycle
+  EXPECT_EQ(outer->size(), 3u);
+  EXPECT_EQ(inner->size(), 1u);
+  EXPECT_EQ(deep->size(), 0u);
+  EXPECT_EQ(outer->parameters().size(), 2u);
+}
+
 TEST(Module, CloneIsDeep) {
   Generator gen(5);
   auto m = std::make_shared<TwoLayer>(gen);
