@@ -817,6 +817,8 @@ Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
   int64_t d = wrap_reduction_dim(dim, a, "gather");  // a 0-d input takes dim 0 or -1
   RT_CHECK(index.dim() == a.dim(), "gather: index ", index.describe(), " must have the rank of ",
            a.describe());
+  // 0-d: gathered as one-element 1-d views, so every device's kernel sees a dim to run along.
+  if (a.dim() == 0) return gather(a.reshape({1}), 0, index.reshape({1})).reshape({});
   for (int64_t i = 0; i < a.dim(); ++i)
     RT_CHECK(i == d || index.size(i) <= a.size(i), "gather: index ", index.describe(),
              " is larger than input ", a.describe(), " in dim ", i);
