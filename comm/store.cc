@@ -338,8 +338,13 @@ void StoreServer::serve(uint64_t client_id) {
       } else if (op == "add") {
         auto it = data_.find(key);
         const std::optional<int64_t> old_value = it == data_.end() ? std::optional<int64_t>(0) : whole_integer(it->second);
-        if (old_value) {
-          const int64_t value = *old_value + message.at("number").get<int64_t>();
+        int64_t value = 0;
+        if (old_value && __builtin_add_overflow(*old_value, message.at("number").get<int64_t>(), &value)) {
+          // signed overflow is undefined (it wrapped): the caller's mistake too
+          reply = json{{"ok", false},
+                       {"error", detail::concat("add: the value under '", key, "' (", *old_value, ") plus ",
+                                                message.at("number").get<int64_t>(), " overflows 64 bits")}};
+        } else if (old_value) {
           data_[key] = std::to_string(value);
           reply["number"] = value;
           changed_.notify_all();

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <ctime>
 #include <nlohmann/json.hpp>
+#include <limits>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -155,6 +156,15 @@ TEST(Store, MistakesAreErrorsThatNeitherBreakTheConnectionNorCarryOutTheWill) {
       EXPECT_NE(std::string(e.what()).find("is not an integer"), std::string::npos) << e.what();
     }
     EXPECT_THROW(store.set("big", std::string(kMaxStoreMessageBytes, 'x')), Error);
+    // a counter pushed past 64 bits (it used to wrap, undefined behaviour)
+    store.add("counter", std::numeric_limits<int64_t>::max());
+    try {
+      store.add("counter", 1);
+      ADD_FAILURE() << "add past INT64_MAX succeeded";
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("overflows 64 bits"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(store.add("counter", 0), std::numeric_limits<int64_t>::max());
     store.set("after", "still connected");
     EXPECT_EQ(observer.get("after", 1s), "still connected");
   }
