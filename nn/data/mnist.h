@@ -1,6 +1,6 @@
 // mnist.h: the IDX file format of MNIST and Fashion-MNIST, and loaders for both.
 //
-// defines: IdxArray, read_idx(), load_mnist(), MnistSplit.
+// defines: read_idx(), write_idx_u8(), load_mnist(), MnistSplit.
 //
 // IDX (LeCun's format): a 4-byte magic number {0, 0, type, ndim}, then ndim
 // big-endian uint32 dimension sizes, then the values, big-endian, row-major.
