@@ -832,7 +832,12 @@ Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
   check_defined(index, "index_select", "index");
   check_same_device(a, index, "index_select");
   check_int64(index, "index_select", "index");
-  int64_t d = wrap_dim(dim, a.dim(), "index_select");
+  int64_t d = wrap_reduction_dim(dim, a, "index_select");  // a 0-d input takes dim 0 or -1
+  if (a.dim() == 0) {  // as PyTorch: one index, and the result is 0-d
+    RT_CHECK(index.dim() <= 1 && index.numel() == 1, "index_select: the 0-d input ", a.describe(),
+             " takes exactly one index (a 0-d or one-element 1-d tensor), got ", index.describe());
+    return index_select(a.reshape({1}), 0, index.reshape({1})).reshape({});
+  }
   Shape shape(a.shape().begin(), a.shape().begin() + d);
   shape.insert(shape.end(), index.shape().begin(), index.shape().end());
   shape.insert(shape.end(), a.shape().begin() + d + 1, a.shape().end());

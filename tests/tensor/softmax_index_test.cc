@@ -94,8 +94,8 @@ TEST(CrossEntropy, MatchesReferenceWithIgnoreAndSmoothing) {
 }
 
 // A 0-d tensor takes dim 0 or -1, as PyTorch: softmax is 1 (log_softmax 0) and its backward
-// follows, gather reads the one element (it threw "dim 0 is out of range"). Any other dim is an
-// error (softmax took any dim of a 0-d tensor without a look).
+// follows, gather and index_select read the one element (they threw "dim 0 is out of range").
+// Any other dim is an error (softmax took any dim of a 0-d tensor without a look).
 TEST(ZeroDim, SoftmaxAndGatherTakeDimZeroOrMinusOne) {
   Tensor s = scalar_tensor(3.5);
   Tensor zero_index = Tensor::from_vector<int64_t>({0}, {});
@@ -107,7 +107,14 @@ TEST(ZeroDim, SoftmaxAndGatherTakeDimZeroOrMinusOne) {
     Tensor g = gather(s, d, zero_index);
     EXPECT_EQ(g.dim(), 0);
     EXPECT_EQ(g.item(), 3.5);
+    for (const Tensor& index : {zero_index, Tensor::from_vector<int64_t>({0}, {1})}) {
+      Tensor picked = index_select(s, d, index);
+      EXPECT_EQ(picked.dim(), 0);
+      EXPECT_EQ(picked.item(), 3.5);
+    }
   }
+  EXPECT_THROW(index_select(s, 0, Tensor::from_vector<int64_t>({0, 0}, {2})), Error);  // one index only
+  EXPECT_THROW(index_select(s, 0, Tensor::from_vector<int64_t>({1}, {1})), Error);     // out of range
   EXPECT_THROW(gather(s, 0, Tensor::from_vector<int64_t>({1}, {})), Error);  // index out of range
   for (int64_t bad : {1, -2}) {
     try {
@@ -120,6 +127,7 @@ TEST(ZeroDim, SoftmaxAndGatherTakeDimZeroOrMinusOne) {
     EXPECT_THROW(softmax_backward(s, s, bad), Error);
     EXPECT_THROW(log_softmax_backward(s, s, bad), Error);
     EXPECT_THROW(gather(s, bad, zero_index), Error);
+    EXPECT_THROW(index_select(s, bad, zero_index), Error);
   }
 }
 
