@@ -657,6 +657,12 @@ FitResult Trainer::run_fit(TrainingModule& module, std::shared_ptr<const data::D
           autograd::AutocastGuard guard(autocast_dtype, autocast);
           loss = module.training_step(*batch, ctx);
         }
+        // Lightning skips a batch whose training_step returns None; here every rank must
+        // take part in every step (DDP's reduction), so an empty loss is an error.
+        RT_CHECK(loss.defined(), "Trainer: training_step returned an undefined Tensor (epoch ", epoch, ", batch ",
+                 index - 1, "); return the batch's loss, a scalar. Skipping a batch by returning nothing (Lightning's "
+                 "None) is not supported: under DDP every rank must compute every step; return a zero loss "
+                 "(e.g. the loss times 0) to train nothing on it");
         Tensor scaled = scaler.scale(accumulate > 1 ? ag::div(loss, static_cast<double>(accumulate)) : loss);
         autograd::backward(scaled);
       }

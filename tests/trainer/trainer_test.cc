@@ -699,6 +699,24 @@ TEST(TrainerTest, TheLogsHoldLossesAndLearningRatesExactly) {
   fs::remove_all(dir);
 }
 
+// A training_step that returns no loss (Lightning's "return None" to skip a batch) was
+// reported by the loss scaler ("LossScaler::scale: the loss must be a floating-point
+// tensor, got an undefined tensor"): neither where it came from nor what to do.
+TEST(TrainerTest, ATrainingStepWithoutALossIsNamedWithTheFix) {
+  struct NoLoss : BlobClassifier {
+    Tensor training_step(const data::Batch& b, StepContext& ctx) override {
+      ctx.forward(b.inputs);
+      return Tensor();
+    }
+  };
+  for (const char* precision : {"32", "16-mixed"}) {
+    NoLoss m;
+    expect_error([&] { Trainer(quiet({.precision = precision, .max_epochs = 1, .batch_size = 16})).fit(m, blobs(32, 1)); },
+                 {"training_step returned an undefined Tensor (epoch 0, batch 0)", "return the batch's loss",
+                  "Lightning's None) is not supported", "return a zero loss"});
+  }
+}
+
 // Task 1 of `srun -N1 --ntasks-per-node=2 --gpus-per-task=1`, set for the scope (the
 // outside_slurm.h guard cleared the real job's variables).
 class AnSrunTaskWithItsOwnGpu {
