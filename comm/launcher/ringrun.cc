@@ -298,7 +298,14 @@ int main(int argc, char** argv) {
              "ringrun dies of that signal once they are gone (a shell shows 128 + the signal; a script stops on "
              "Ctrl-C); 2 for a usage error.\n"
              "Example: ringrun --nproc-per-node 2 ./build/bench/comm_sweep --backend ring");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // CLI11 prints the message (or the help); its own codes (105 for a value out of
+    // range, 114 for an option given twice, ...) are not what the help promises.
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;  // --help is no error
+  }
 
   std::vector<std::string> command = app.remaining();
   if (!command.empty() && command.front() == "--") {
@@ -316,6 +323,11 @@ int main(int argc, char** argv) {
   }
   if (node_rank >= nnodes) {
     std::cerr << "ringrun: --node-rank " << node_rank << " must be below --nnodes " << nnodes << "\n";
+    return 2;
+  }
+  if (master_addr.empty()) {
+    std::cerr << "ringrun: --master-addr is empty; give the host name or address of node 0 (where rank 0 "
+                 "and the store run), or leave it out on one node\n";
     return 2;
   }
   if (nnodes > 1 && master_addr_option->count() == 0) {
