@@ -42,6 +42,11 @@ if(RINGTRAIN_BUILD_TESTS)
   ringtrain_add_checked_test(bench.core_to_core.lower_case_unit EXPECT "message 4096 B through"
                              COMMAND $<TARGET_FILE:core_to_core> --message 4k --reps 2)
   set_tests_properties(bench.core_to_core.lower_case_unit PROPERTIES LABELS bench-smoke TIMEOUT 60)
+  # Every timed result checked: the messages, and the 64 MiB copy too (it went unread).
+  ringtrain_add_checked_test(bench.core_to_core.memcpy_checked
+                             EXPECT "messages wrong 0 [|] memcpy 64 MiB on CPU [0-9]+ [0-9.]+ GB/s, copy wrong 0 [|] #wrong 0"
+                             COMMAND $<TARGET_FILE:core_to_core> --message 64K --reps 2)
+  set_tests_properties(bench.core_to_core.memcpy_checked PROPERTIES LABELS bench-smoke TIMEOUT 60)
   ringtrain_bench_expect_error(bench.core_to_core.size_abc EXPECT "--message: 'abc' is not a byte count"
                                COMMAND $<TARGET_FILE:core_to_core> --message abc)
   ringtrain_bench_expect_error(bench.core_to_core.slot_bytes_wrap

@@ -8,7 +8,8 @@
 //     publishes each slot; the consumer copies it out and frees the slot — the shape of
 //     ShmTransport (comm/shm_transport.cc), with its copy routine (comm::copy_bytes) and its
 //     default slots (128 KiB x 8). Every message is checked on arrival (#wrong).
-//   * single-core memcpy of 64 MiB, for comparison (the memory system, not the interconnect).
+//   * single-core memcpy of 64 MiB, for comparison (the memory system, not the interconnect),
+//     through the same copy routine, its result compared with the source afterwards.
 // Bandwidths are medians over --reps repetitions; the latency is the mean over 20000 round
 // trips of one measurement (a single trip is too short for the clock).
 //
@@ -209,18 +210,26 @@ StreamResult stream(int cpu_a, int cpu_b, size_t message, size_t slot_bytes, siz
   return {median(times), wrong.load()};
 }
 
-// Single-core copy of 64 MiB (GB/s), pinned to cpu.
-double memcpy_gbps(int cpu) {
+struct MemcpyResult {
+  double gbps = 0;
+  int wrong = 0;  // 1 when the copy's destination is not its source afterwards
+};
+
+// Single-core copy of 64 MiB (GB/s), pinned to cpu, through the transport's copy
+// routine; the destination is compared with the source after the timed copies (a
+// pattern, not a constant, so that a misplaced or partial copy shows).
+MemcpyResult memcpy_gbps(int cpu) {
   pin_to(cpu);
   const size_t bytes = size_t{64} << 20;
-  std::vector<unsigned char> a(bytes, 1), b(bytes, 0);
+  std::vector<unsigned char> a(bytes), b(bytes, 0);
+  for (size_t i = 0; i < bytes; ++i) a[i] = static_cast<unsigned char>(i * 7 + i / 4093);
   std::vector<double> seconds;
   for (int r = 0; r < 5; ++r) {
     auto start = Clock::now();
     ringtrain::comm::copy_bytes(b.data(), a.data(), bytes);
     seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
   }
-  return static_cast<double>(bytes) / median(seconds) / 1e9;
+  return {static_cast<double>(bytes) / median(seconds) / 1e9, std::memcmp(a.data(), b.data(), bytes) == 0 ? 0 : 1};
 }
 
 }  // namespace
@@ -281,12 +290,15 @@ int main(int argc, char** argv) {
     }
     const double latency = line_latency_ns(cpus[0], cpus[1], 20000);
     const StreamResult s = stream(cpus[0], cpus[1], message, slot_bytes, slots, reps);
-    const double copy = memcpy_gbps(cpus[0]);
+    const MemcpyResult copy = memcpy_gbps(cpus[0]);
     std::printf("# core_to_core: CPUs %d -> %d, message %zu B through %zu x %zu B slots, %d reps (median)\n",
                 cpus[0], cpus[1], message, slots, slot_bytes, reps);
-    std::printf("cache-line latency %.0f ns | stream %.1f us = %.2f GB/s | memcpy 64 MiB on CPU %d %.2f GB/s | #wrong %d\n",
-                latency, s.median_us, static_cast<double>(message) / s.median_us / 1e3, cpus[0], copy, s.wrong);
-    return s.wrong == 0 ? 0 : 1;
+    const int wrong = s.wrong + copy.wrong;
+    std::printf("cache-line latency %.0f ns | stream %.1f us = %.2f GB/s, messages wrong %d | memcpy 64 MiB on CPU "
+                "%d %.2f GB/s, copy wrong %d | #wrong %d\n",
+                latency, s.median_us, static_cast<double>(message) / s.median_us / 1e3, s.wrong, cpus[0], copy.gbps,
+                copy.wrong, wrong);
+    return wrong == 0 ? 0 : 1;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "core_to_core: out of memory for --message %s; use a smaller one\n",
                  ringtrain::bench::format_byte_size(message).c_str());
