@@ -862,6 +862,9 @@ Tensor& index_add_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& sr
            shape_str(a.strides()));
   check_in_place(a, src, "index_add_");   // an expanded destination
   check_no_overlap(a, src, "index_add_");  // a scatter: even a == src reads updated rows
+  // An int64 destination sharing memory with the index would rewrite indices it has yet to
+  // read, after they were range-checked: the writes would land elsewhere, even out of bounds.
+  check_no_overlap(a, index, "index_add_");
   if (src.numel() > 0) RT_KERNEL(a, index_add)(a, d, index.contiguous(), src.contiguous());
   a.bump_version();
   return a;

@@ -332,6 +332,17 @@ TEST(Misuse, OpsThatReadOtherElementsRefuseAnOutputSharingTheirInput) {
   EXPECT_TRUE(throws_with([&] { index_add_(v, 0, idx, v); }, {"index_add_", "shares memory"}));
   index_add_(v, 0, idx, v.clone());
   EXPECT_EQ(v.to_vector<float>(), (std::vector<float>{4, 3, 5}));
+  // index_add_ into an int64 tensor whose memory holds the index too: the first add turned
+  // the index still to be read from 0 into 100 (checked as 0 before), and the second add
+  // wrote 400 bytes past the destination's end. The overlap is refused, the destination
+  // left as it was.
+  Tensor w = Tensor::from_vector<int64_t>({0, 2, 0, 0}, {4});
+  Tensor own_index = w.narrow(0, 1, 2);  // {2, 0}: a[2] += 100 makes the next index 100
+  Tensor add = Tensor::from_vector<int64_t>({100, 5}, {2});
+  EXPECT_TRUE(throws_with([&] { index_add_(w, 0, own_index, add); }, {"index_add_", "shares memory"}));
+  EXPECT_EQ(w.to_vector<int64_t>(), (std::vector<int64_t>{0, 2, 0, 0}));
+  index_add_(w, 0, own_index.clone(), add);
+  EXPECT_EQ(w.to_vector<int64_t>(), (std::vector<int64_t>{5, 2, 100, 0}));
 }
 
 TEST(Misuse, HalfMeansAndLossesDoNotOverflowWhereTheirSumsWould) {
