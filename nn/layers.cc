@@ -230,7 +230,11 @@ Dropout::Dropout(double p, uint64_t seed)
   RT_CHECK(p >= 0.0 && p <= 1.0, "Dropout: p must be in [0, 1], got ", p);
 }
 Tensor Dropout::forward(const Tensor& input) { return ag::dropout(input, p_, is_training(), generator()); }
-std::string Dropout::extra_repr() const { return "p=" + std::to_string(p_); }
+std::string Dropout::extra_repr() const {
+  std::ostringstream os;  // not std::to_string: its fixed 6 decimals print p = 1e-7 as 0.000000
+  os << "p=" << p_;
+  return os.str();
+}
 std::vector<std::pair<std::string, Generator*>> Dropout::own_generators() {
   if (!own_generator_) return {};
   return {{"generator", &generator_}};

@@ -222,6 +222,14 @@ TEST(Module, RegisteringAModuleInsideItselfIsRefused) {
   EXPECT_EQ(outer->parameters().size(), 2u);
 }
 
+// Dropout's p prints as written (it was std::to_string's fixed "0.100000", and a p of
+// 1e-7 printed as "0.000000", a dropout that looked switched off).
+TEST(Module, DropoutStrShowsPAsWritten) {
+  EXPECT_EQ(Dropout(0.1).str(), "Dropout(p=0.1)");
+  EXPECT_EQ(Dropout(1e-7).str(), "Dropout(p=1e-07)");
+  EXPECT_EQ(Dropout(0.5, 3).str(), "Dropout(p=0.5)");
+}
+
 TEST(Module, CloneIsDeep) {
   Generator gen(5);
   auto m = std::make_shared<TwoLayer>(gen);
