@@ -6,11 +6,13 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "autograd/autocast.h"
 #include "autograd/functions.h"
 #include "autograd/graph.h"
+#include "tensor/cuda/runtime.h"
 
 namespace ringtrain::ddp {
 
@@ -194,11 +196,23 @@ Tensor DataParallel::forward(const Tensor& input) {
   const uint64_t stream_seed = (static_cast<uint64_t>(key[1]) << 32) | key[0];
   std::vector<Generator> replica_generators;
   for (size_t i = 0; i < used; ++i) replica_generators.emplace_back(stream_seed + i);
+  // CUDA: replica i runs on this thread's current stream of its device, as PyTorch's
+  // parallel_apply does. Current streams are per thread, and a worker's is the legacy
+  // default stream, which does not wait for a non-blocking stream the caller set
+  // (cuda::StreamGuard): the replica would read its chunk and weights before this
+  // thread's copies of them finished, and backward (on this thread's stream) would read
+  // its activations before they were written.
+  std::vector<void*> replica_streams(used, nullptr);
+  for (size_t i = 1; i < used; ++i)
+    if (devices_[i].is_cuda()) replica_streams[i] = cuda::current_stream(devices_[i].index).handle();
   auto run = [&](size_t i) {
     try {
       autograd::set_grad_enabled(grad_mode);  // grad mode and autocast are per thread
       autograd::AutocastGuard autocast_scope(autocast ? autocast_dtype : DType::kFloat16, autocast);
       ScopedDefaultGenerator generator_scope(replica_generators[i]);
+      std::optional<cuda::StreamGuard> stream_scope;
+      if (i > 0 && devices_[i].is_cuda())
+        stream_scope.emplace(cuda::Stream::borrowed(replica_streams[i], devices_[i].index));
       nn::Module& replica = i == 0 ? *module_ : *replicas_[i];
       outputs[i] = replica.forward(chunks[i]);
     } catch (...) {

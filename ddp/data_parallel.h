@@ -13,7 +13,9 @@
 //                      calling thread, each other one on a worker thread of its own
 //                      that lives as long as the DataParallel (PyTorch starts threads
 //                      per forward; each exit would drop that thread's cuBLAS/cuDNN
-//                      handles, and creating them is slow);
+//                      handles, and creating them is slow); on CUDA each replica
+//                      runs on the caller's current stream of its device, as in
+//                      PyTorch (a worker's own would not wait for the caller's copies);
 //   4. gather   the outputs are moved to the first device and concatenated (scalar
 //               outputs become a vector of one value per replica).
 // Replica 0 is the wrapped module itself on devices[0]: its buffers (BatchNorm
