@@ -65,6 +65,11 @@ if(RINGTRAIN_BUILD_TESTS)
                                  EXPECT "SKIP: core_to_core needs two CPUs this process may run on. its affinity mask is [{]0[}]"
                                  COMMAND ${RINGTRAIN_TASKSET} -c 0 $<TARGET_FILE:core_to_core> --message 4K --reps 2)
   endif()
+  # The memcpy roof's copies are checked too (they went unread), before and after the sweep.
+  ringtrain_add_checked_test(bench.comm_sweep.memcpy_checked
+      EXPECT "memcpy bandwidth .rank 0, 64 MiB, same run.: [0-9.]+ GB/s, copies #wrong 0.*after the sweep: [0-9.]+ GB/s .before: [0-9.]+.. copies #wrong 0 .both..*total #wrong: 0"
+      COMMAND $<TARGET_FILE:comm_sweep> --max-bytes 64 --warmup 0 --iters 1)
+  set_tests_properties(bench.comm_sweep.memcpy_checked PROPERTIES LABELS bench-smoke TIMEOUT 60)
   # The plot's legend names the MPI library of the run it draws (it said "Open MPI 4.1.4"
   # whatever had run): the labels from made-up sweeps, then from a real sweep's JSON.
   add_test(NAME bench.plot_allreduce.legend_names_each_runs_mpi

@@ -39,10 +39,10 @@
 // --json writes the rows, the roofs and which MPI library the reference column is
 // (MPI_Get_library_version; bench/plot_allreduce.py names it in the legend).
 //
-// Before and after the sweep: memcpy on rank 0 (the memory's roof) and, with two
-// or more ranks on host buffers, the stream from rank 0 to rank 1 through the
-// group's send/recv (the roof between two cores, and the mark of this VM's slow
-// mode; docs/collective-benchmark.md).
+// Before and after the sweep: memcpy on rank 0 (the memory's roof; its copies are
+// checked too) and, with two or more ranks on host buffers, the stream from rank 0 to
+// rank 1 through the group's send/recv (the roof between two cores, and the mark of
+// this VM's slow mode; docs/collective-benchmark.md).
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -203,6 +203,7 @@ int run(int argc, char** argv, std::shared_ptr<ProcessGroup>& pg) {
   // Measured before the sweep (the target's roof) and again after it: this VM has
   // slow phases of seconds to minutes, and a drop between the two says one fell
   // inside the run.
+  int64_t memcpy_wrong = 0;  // rank 0's copies that did not leave both buffers equal
   auto measure_memcpy = [&] {
     // 64 MiB whatever the sweep's range: a copy that fits in the last-level cache
     // (32 MiB here) measures the cache, 2-3x the memory's rate on this VM.
@@ -218,6 +219,9 @@ int run(int argc, char** argv, std::shared_ptr<ProcessGroup>& pg) {
         times.push_back(Seconds(std::chrono::steady_clock::now() - t0).count());
       }
       gbps = bytes / median(times) / 1e9;
+      // Checked: a held 1s and b 2s, and every copy moves 1s; a partial or missing copy
+      // leaves 2s in b.
+      if (a[0] != 1 || std::memcmp(a.data(), b.data(), bytes) != 0) ++memcpy_wrong;
     }
     pg->barrier().wait();
     return gbps;
@@ -266,7 +270,8 @@ int run(int argc, char** argv, std::shared_ptr<ProcessGroup>& pg) {
                 n, backend.c_str(), launch_info().method.c_str(), buffers.c_str(), device.str().c_str(),
                 launch_text.c_str(), warmup, iters);
     if (mpi_reference) std::printf("# MPI reference: MPI_Allreduce of %s\n", mpi_library.c_str());
-    std::printf("# memcpy bandwidth (rank 0, 64 MiB, same run): %.2f GB/s\n", memcpy_gbps);
+    std::printf("# memcpy bandwidth (rank 0, 64 MiB, same run): %.2f GB/s, copies #wrong %lld\n", memcpy_gbps,
+                static_cast<long long>(memcpy_wrong));
     if (stream_measured) {
       std::printf("# stream rank 0 -> 1 (1 MiB messages, this backend's send/recv): %.2f GB/s\n", stream_gbps);
     }
@@ -404,14 +409,16 @@ int run(int argc, char** argv, std::shared_ptr<ProcessGroup>& pg) {
   }
 
   const double memcpy_after_gbps = measure_memcpy();
+  pg->allreduce({&memcpy_wrong, 1, DType::kInt64}, ReduceOp::kSum).wait();  // rank 0's, told to all
+  total_wrong += memcpy_wrong;
   const double stream_after_gbps = stream_measured ? measure_stream() : 0.0;
   if (stream_measured) {
     pg->allreduce({&stream_wrong, 1, DType::kInt64}, ReduceOp::kSum).wait();
     total_wrong += stream_wrong;
   }
   if (rank == 0) {
-    std::printf("# memcpy bandwidth after the sweep: %.2f GB/s (before: %.2f)\n", memcpy_after_gbps,
-                memcpy_gbps);
+    std::printf("# memcpy bandwidth after the sweep: %.2f GB/s (before: %.2f); copies #wrong %lld (both)\n",
+                memcpy_after_gbps, memcpy_gbps, static_cast<long long>(memcpy_wrong));
     if (stream_measured) {
       std::printf("# stream rank 0 -> 1 after the sweep: %.2f GB/s (before: %.2f); messages' #wrong %lld\n",
                   stream_after_gbps, stream_gbps, static_cast<long long>(stream_wrong));
