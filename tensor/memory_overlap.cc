@@ -22,12 +22,21 @@ ByteRange byte_range(const Tensor& t) {
   return {base, base + static_cast<uintptr_t>(last) * elem + elem};
 }
 
+// Whether a and b (same shape) put every element at the same offset: the strides agree on
+// every dim of more than one element. A size-1 dim never steps, so its stride is arbitrary:
+// x.view({1, 3}) and x broadcast to [1, 3] (stride 0 there) are the same elements.
+bool same_element_offsets(const Tensor& a, const Tensor& b) {
+  for (int64_t d = 0; d < a.dim(); ++d)
+    if (a.size(d) > 1 && a.stride(d) != b.stride(d)) return false;
+  return true;
+}
+
 }  // namespace
 
 MemoryOverlap memory_overlap(const Tensor& a, const Tensor& b) {
   if (a.numel() == 0 || b.numel() == 0 || a.storage() != b.storage()) return MemoryOverlap::kNone;
-  if (a.data_ptr() == b.data_ptr() && a.shape() == b.shape() && a.strides() == b.strides() &&
-      a.dtype() == b.dtype())
+  if (a.data_ptr() == b.data_ptr() && a.shape() == b.shape() && a.dtype() == b.dtype() &&
+      same_element_offsets(a, b))
     return MemoryOverlap::kSame;
   const ByteRange ra = byte_range(a), rb = byte_range(b);
   return ra.first < rb.end && rb.first < ra.end ? MemoryOverlap::kPartial : MemoryOverlap::kNone;

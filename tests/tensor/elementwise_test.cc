@@ -503,6 +503,30 @@ TEST(InPlace, AddMulDivIntoViews) {
 // As PyTorch: a source that partly overlaps the destination is an error (the result would
 // depend on the order of writes); the very same view is fine; so is a disjoint view of
 // the same storage.
+// Two views that differ only in the stride of a size-1 dim (x.view({1, 3}) and x, broadcast to
+// [1, 3] with stride 0 there; a row taken with narrow and with select) are the same elements in
+// the same order: an elementwise in-place op between them is x op= x, as in PyTorch. They were
+// refused as "partly overlapping".
+TEST(InPlace, ViewsDifferingOnlyInASizeOneDimStrideAreTheSameElements) {
+  Tensor x = Tensor::from_vector(std::vector<float>{1, 2, 3}, {3});
+  Tensor row = x.view({1, 3});
+  add_(row, x);
+  EXPECT_EQ(x.to_vector<float>(), (std::vector<float>{2, 4, 6}));
+  mul_(row, x);
+  EXPECT_EQ(x.to_vector<float>(), (std::vector<float>{4, 16, 36}));
+  row.copy_(x);  // a no-op
+  EXPECT_EQ(x.to_vector<float>(), (std::vector<float>{4, 16, 36}));
+  Tensor m = Tensor::from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor first = m.narrow(0, 1, 1);  // [1, 3], stride 3 in dim 0
+  add_(first, m.select(0, 1), 2.0);  // [3] broadcast to [1, 3], stride 0 in dim 0
+  EXPECT_EQ(m.to_vector<float>(), (std::vector<float>{1, 2, 3, 12, 15, 18}));
+  // Still refused: a shifted view of the same memory, here with a size-1 dim too.
+  Tensor four = Tensor::from_vector(std::vector<float>{1, 2, 3, 4}, {4});
+  Tensor head = four.narrow(0, 0, 3).view({1, 3});
+  EXPECT_THROW(add_(head, four.narrow(0, 1, 3)), Error);
+  EXPECT_EQ(four.to_vector<float>(), (std::vector<float>{1, 2, 3, 4}));
+}
+
 TEST(InPlace, OverlappingSourceAndDestinationAreRejected) {
   Tensor x = Tensor::from_vector(std::vector<float>{1, 2, 3, 4}, {2, 2});
   Tensor t = x.t();
