@@ -89,30 +89,32 @@ void ProcessGroup::stop() {
   worker_.join();
   // The store lives in world rank 0's process: rank 0 must not leave (and take the
   // store with it) while other ranks may still use it, e.g. to read the error that
-  // explains their failure. Everyone checks out; rank 0 waits for all of them, or,
-  // after a failure, for all that are still alive (at most kFailureGrace).
+  // explains their failure. Everyone checks out; rank 0 waits until every rank has
+  // checked out or is known gone (a minute at most; kFailureGrace after a failure).
   if (context_.is_world) {
     try {
       const std::string key = context_.prefix + "/shutdown";
-      // Who checked out (wait_for_survivors asks), then how many (the count rank 0
-      // waits on when nothing failed).
+      // Who checked out (wait_for_survivors asks), then how many (its first look).
       context_.store->set(detail::concat(key, "/", context_.rank), "");
       context_.store->add(key, 1);
-      if (context_.rank == 0 && !failed_) {
-        context_.store->wait_at_least(key, context_.size, std::chrono::seconds(60));
-      } else if (context_.rank == 0) {
-        wait_for_survivors(key);
-      }
+      if (context_.rank == 0) wait_for_survivors(key);
     } catch (const std::exception&) {
       // best effort: a store that is gone cannot be waited on
     }
   }
 }
 
+// Without a failure here, up to a minute (the others may still be finishing their last
+// steps), but no longer than until every rank that has not checked out is known gone: a
+// rank killed after the last collective (its last will says so) made rank 0 sit out the
+// whole minute at exit.
 void ProcessGroup::wait_for_survivors(const std::string& key) {
   constexpr auto kFailureGrace = std::chrono::seconds(5);
-  const Deadline deadline = Clock::now() + kFailureGrace;
+  constexpr auto kShutdownGrace = std::chrono::seconds(60);
+  const Deadline deadline = Clock::now() + (failed_ ? kFailureGrace : kShutdownGrace);
   while (Clock::now() < deadline) {
+    // the usual end, one request: everyone has checked out
+    if (context_.store->add(key, 0) >= context_.size) return;
     // ranks known to be gone: named dead by a peer, or dead of an uncaught exception
     std::vector<bool> gone(context_.size, false);
     for (int r = 0; r < context_.size; ++r) {

@@ -51,6 +51,8 @@
 //                                 set to 2 by the worker) calls allocate_symmetric() while the
 //                                 others wait in a barrier: its timeout must fail the group, so
 //                                 the others fail with its reason, not "rank 1 died"
+// In check mode, COMM_WORKER_EXIT_AT_ONCE=1 makes a rank _exit(0) after its "ok", group
+// and store connection left as they are (as if killed after its last collective).
 // Survivors print "rank R failed after X ms: <error>" and exit 3.
 #include <signal.h>
 #include <unistd.h>
@@ -142,6 +144,12 @@ int main(int argc, char** argv) {
     }
     std::cout << "rank " << rank << " of " << n << ": ok (init " << launch_info().method
               << ", backend " << pg->backend_name() << ")" << std::endl;
+    // COMM_WORKER_EXIT_AT_ONCE=1: leave without destroying the group (no check-out, no
+    // goodbye to the store), as a rank killed after its last collective; rank 0 must
+    // not wait the shutdown's whole minute for it.
+    if (const char* at_once = std::getenv("COMM_WORKER_EXIT_AT_ONCE"); at_once && std::string(at_once) == "1") {
+      _exit(0);
+    }
     return 0;
   }
 
