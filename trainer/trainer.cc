@@ -459,7 +459,25 @@ FitResult Trainer::run_fit(TrainingModule& module, std::shared_ptr<const data::D
           for (const auto& s : skipped) std::cerr << "trainer: skipped an invalid checkpoint: " << s << "\n";
         }
       } else if (o.resume != "never") {
-        choice["stem"] = o.resume;
+        // A checkpoint's path without its extension, or its name as checkpoint_dir lists
+        // it ("ckpt-0000000090"): a relative stem not found as given is looked for there.
+        std::string stem = o.resume;
+        for (const std::string ext : {".json", ".safetensors"})
+          if (stem.size() > ext.size() && stem.compare(stem.size() - ext.size(), ext.size(), ext) == 0)
+            stem.resize(stem.size() - ext.size());
+        const std::filesystem::path in_dir = std::filesystem::path(o.checkpoint_dir) / stem;
+        if (std::filesystem::exists(stem + ".json")) {
+          choice["stem"] = stem;
+        } else if (std::filesystem::path(stem).is_relative() && std::filesystem::exists(in_dir.string() + ".json")) {
+          choice["stem"] = in_dir.string();
+        } else {
+          choice["error"] = detail::concat("Trainer: resume='", o.resume, "': no checkpoint record at ", stem,
+                                           ".json", std::filesystem::path(stem).is_relative()
+                                                        ? " nor at " + in_dir.string() + ".json"
+                                                        : std::string(),
+                                           "; give a checkpoint's path without its extension, the name of one in "
+                                           "checkpoint_dir, \"auto\" or \"never\"");
+        }
       }
     }
     if (group) choice = nlohmann::json::parse(broadcast_string(*group, choice.dump(), 0));

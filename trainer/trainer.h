@@ -105,7 +105,8 @@ struct TrainerOptions {
   uint64_t seed = 0;                // data order (DistributedSampler) and default generator
   std::string checkpoint_dir{};     // empty: no checkpoints
   int keep_last = 3;
-  std::string resume = "auto";      // auto (newest valid, if any), never, or a checkpoint stem
+  std::string resume = "auto";      // auto (newest valid, if any), never, or a checkpoint's stem
+                                    // (a path, or a name in checkpoint_dir: "ckpt-0000000004")
   std::string metrics_csv{};        // per-epoch metrics (rank 0)
   std::string step_log_csv{};       // per-step loss log (rank 0), for exact-replay checks
   bool progress_bar = true;         // rank 0

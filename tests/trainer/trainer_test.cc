@@ -717,6 +717,36 @@ TEST(TrainerTest, ATrainingStepWithoutALossIsNamedWithTheFix) {
   }
 }
 
+// resume= names a checkpoint, and checkpoint_dir is required with it; but a name as the
+// directory lists it ("ckpt-0000000004") was looked for in the working directory only:
+// "ckpt-0000000004.json: checkpoint record not found". It is found in checkpoint_dir now;
+// a path still works, and a name found nowhere says where it looked.
+TEST(TrainerTest, ResumeNamesACheckpointInTheCheckpointDir) {
+  fs::path dir = fresh_dir("rt_trainer_resume_name");
+  auto data = blobs(64, 1);  // 4 steps per epoch
+  BlobClassifier first;
+  Trainer(quiet({.max_epochs = 2, .batch_size = 16, .checkpoint_dir = dir.string()})).fit(first, data);
+  const fs::path at_4 = dir / "ckpt-0000000004";
+  ASSERT_TRUE(fs::exists(at_4.string() + ".json"));
+  for (const std::string& resume : {std::string("ckpt-0000000004"), std::string("ckpt-0000000004.json"), at_4.string()}) {
+    SCOPED_TRACE(resume);
+    BlobClassifier again;
+    TrainerOptions o = quiet({.max_epochs = 2, .batch_size = 16, .checkpoint_dir = dir.string(), .keep_last = 10});
+    o.resume = resume;
+    FitResult r = Trainer(o).fit(again, data);
+    EXPECT_EQ(r.resumed_from, at_4.string());
+    EXPECT_EQ(r.global_step, 8);  // epoch 1 trained again from step 4
+  }
+  BlobClassifier missing;
+  TrainerOptions o = quiet({.max_epochs = 2, .batch_size = 16, .checkpoint_dir = dir.string()});
+  o.resume = "ckpt-0000000099";
+  expect_error([&] { Trainer(o).fit(missing, data); },
+               {"resume='ckpt-0000000099': no checkpoint record at ckpt-0000000099.json nor at " +
+                    (dir / "ckpt-0000000099").string() + ".json",
+                "the name of one in checkpoint_dir"});
+  fs::remove_all(dir);
+}
+
 // Task 1 of `srun -N1 --ntasks-per-node=2 --gpus-per-task=1`, set for the scope (the
 // outside_slurm.h guard cleared the real job's variables).
 class AnSrunTaskWithItsOwnGpu {
