@@ -102,10 +102,11 @@ Tensor unbroadcast(const Tensor& g, const Shape& shape) {
   return g.shape() == shape ? g : rt::sum_to(g, shape);
 }
 
-// The shape of a reduction's output with keepdim=true (dims empty: all dims).
+// The shape of a reduction's output with keepdim=true (dims empty: all dims). A 0-d input
+// keeps its shape: it takes dim 0 or -1, which the tensor op checks.
 Shape keepdim_shape(const Shape& shape, const std::vector<int64_t>& dims, const char* op) {
   Shape out = shape;
-  if (dims.empty()) {
+  if (dims.empty() || shape.empty()) {
     for (auto& s : out) s = 1;
   } else {
     for (int64_t d : dims) out[wrap_dim(d, static_cast<int64_t>(shape.size()), op)] = 1;
@@ -408,7 +409,8 @@ Tensor amin(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
 // The indices are returned to the caller, so they are saved (not captured): an in-place
 // write to them before backward throws instead of moving the gradient (PyTorch too).
 std::pair<Tensor, Tensor> max(const Tensor& a, int64_t dim, bool keepdim) {
-  auto [values, indices] = rt::max(a, dim, keepdim);
+  auto [values, indices] = rt::max(a, dim, keepdim);  // checks dim (a 0-d input takes 0 or -1)
+  if (a.dim() == 0) return {reshape(a, {}), indices};  // its one element: g passes straight through
   int64_t d = wrap_dim(dim, a.dim(), "max");
   Shape kept = keepdim_shape(a.shape(), {d}, "max");
   values = record("max", {a}, values, {indices},
@@ -558,12 +560,18 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   if (autocast_mixed(tensors)) return ag::cat(autocast_promoted(tensors), dim);
   Tensor out = rt::cat(tensors, dim);
   int64_t d = wrap_dim(dim, out.dim(), "cat");
+  // A 1-d empty input beside tensors of another rank (rt::cat skips it, as PyTorch) takes
+  // no slice of g: its gradient is an empty [0]. sizes[i] < 0 marks it.
   std::vector<int64_t> sizes;
-  for (const Tensor& t : tensors) sizes.push_back(t.size(d));
+  for (const Tensor& t : tensors) sizes.push_back(t.dim() == out.dim() ? t.size(d) : -1);
   return record("cat", tensors, out, {}, [d, sizes](const Tensor& g, Ctx& c) -> Grads {
     Grads out(sizes.size());
     int64_t offset = 0;
     for (size_t i = 0; i < sizes.size(); ++i) {
+      if (sizes[i] < 0) {
+        if (c.needs(i)) out[i] = rt::zeros({0}, g.dtype(), g.device());
+        continue;
+      }
       if (c.needs(i)) out[i] = g.narrow(d, offset, sizes[i]);
       offset += sizes[i];
     }

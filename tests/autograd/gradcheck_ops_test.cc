@@ -412,5 +412,42 @@ TEST(GradcheckOps, DetectsANaNOrInfiniteRule) {
   }
 }
 
+// A 0-d tensor takes dim 0 or -1 in the reductions and max(dim), as in PyTorch and as the
+// tensor ops do (the autograd versions threw 'dim 0 is out of range' building their node).
+TEST(GradcheckOps, ZeroDimReductionsTakeDimZeroOrMinusOne) {
+  const Inputs in = {leaf({}, 56)};
+  for (int64_t d : {0, -1}) {
+    for (bool keepdim : {false, true}) {
+      SCOPED_TRACE("dim " + std::to_string(d) + (keepdim ? " keepdim" : ""));
+      expect_gradcheck("sum", [&](const Inputs& x) { return ag::sum(x[0], {d}, keepdim); }, in);
+      expect_gradcheck("mean", [&](const Inputs& x) { return ag::mean(x[0], {d}, keepdim); }, in);
+      expect_gradcheck("amax", [&](const Inputs& x) { return ag::amax(x[0], {d}, keepdim); }, in);
+      expect_gradcheck("amin", [&](const Inputs& x) { return ag::amin(x[0], {d}, keepdim); }, in);
+      expect_gradcheck("max", [&](const Inputs& x) { return ag::max(x[0], d, keepdim).first; }, in);
+      EXPECT_EQ(ag::sum(in[0], {d}, keepdim).dim(), 0);
+      EXPECT_EQ(ag::max(in[0], d, keepdim).first.dim(), 0);
+    }
+  }
+  testing::expect_error([&] { ag::sum(in[0], {1}); }, {"0-d"});
+  testing::expect_error([&] { ag::max(in[0], 1); }, {"0-d"});
+}
+
+// cat skips a 1-d empty tensor (the empty start of an accumulation) whatever the others'
+// rank, as PyTorch and rt::cat do; its gradient is an empty [0]. ag::cat asked the skipped
+// tensor for its size along the cat dim (forward threw for dim >= 1) and gave it a gradient
+// of the wrong shape (backward failed the engine's shape check for dim 0).
+TEST(GradcheckOps, CatSkipsAOneDimEmptyTensorOfAnotherRank) {
+  for (int64_t d : {0, 1}) {
+    SCOPED_TRACE("dim " + std::to_string(d));
+    const Inputs in = {leaf({0}, 57), leaf({2, 3}, 58), leaf({2, 3}, 59)};
+    expect_gradcheck("cat", [&](const Inputs& x) { return ag::cat({x[0], x[1], x[2]}, d); }, in);
+    Tensor out = ag::cat({in[0], in[1], in[2]}, d);
+    autograd::backward(ag::sum(out));
+    ASSERT_TRUE(autograd::grad(in[0]).defined());
+    EXPECT_EQ(autograd::grad(in[0]).shape(), Shape{0});
+    EXPECT_EQ(autograd::grad(in[1]).shape(), (Shape{2, 3}));
+  }
+}
+
 }  // namespace
 }  // namespace ringtrain
