@@ -159,10 +159,11 @@ void DataParallel::sync_replica_state(size_t replica, const std::vector<uint64_t
 Tensor DataParallel::forward(const Tensor& input) {
   const size_t n = devices_.size();
   if (n == 1) return module_->forward(input.device() == devices_[0] ? input : to_device(input, devices_[0]));
-  RT_CHECK(input.dim() >= 1 && input.size(0) >= 1, "DataParallel: input ", input.describe(),
-           " has no batch dim to scatter");
+  RT_CHECK(input.dim() >= 1, "DataParallel: input ", input.describe(), " has no batch dim to scatter");
 
-  // 1. scatter (fewer chunks than devices when the batch is small, like torch.chunk)
+  // 1. scatter (fewer chunks than devices when the batch is small, like torch.chunk; an
+  // empty batch, a filtered one with no rows left, gives empty chunks and so the empty
+  // output one device gives, as in PyTorch)
   std::vector<Tensor> chunks = ag::chunk(input, static_cast<int64_t>(n), 0);
   const size_t used = chunks.size();
   // 2. replicate. All graph wiring for the originals happens here, on this thread,

@@ -304,6 +304,24 @@ TEST(DataParallelTest, AWorkerThreadThatCannotStartIsAnErrorNotAnAbort) {
   EXPECT_EQ(dp.forward(randn({6, 6}, default_generator())).size(0), 6);
 }
 
+// An empty batch (no rows left after filtering) gives the empty output one device gives,
+// and backward through it leaves zero gradients; it used to throw "has no batch dim to
+// scatter" with two or more replicas only.
+TEST(DataParallelTest, AnEmptyBatchGivesAnEmptyOutputAsWithOneDevice) {
+  for (int replicas : {1, 3}) {
+    SCOPED_TRACE(std::to_string(replicas) + " replicas");
+    auto m = make_mlp(3);
+    DataParallel dp(m, std::vector<Device>(replicas, Device::cpu()));
+    Tensor out;
+    EXPECT_NO_THROW(out = dp.forward(zeros({0, 6})));
+    if (!out.defined()) continue;
+    EXPECT_EQ(out.shape(), (Shape{0, 3}));
+    autograd::backward(ag::sum(out));
+    Tensor g = autograd::grad(m->parameters().front());
+    if (g.defined()) EXPECT_EQ(max_abs_diff(g, zeros_like(g)), 0.0);
+  }
+}
+
 TEST(DataParallelTest, ClearErrors) {
   auto m = make_mlp(1);
   EXPECT_THROW(DataParallel(m, {}), Error);
