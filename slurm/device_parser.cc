@@ -136,6 +136,15 @@ void check_ddp2_devices(const DeviceSelection& selection, int local_processes, i
                    "(srun --gpus-per-task=k), or use strategy ddp (one process per GPU)");
 }
 
+void check_single_device_strategy(const DeviceSelection& selection) {
+  if (selection.cuda_devices.size() <= 1) return;
+  const std::string n = std::to_string(selection.cuda_devices.size());
+  throw SlurmError("devices=" + selection.describe() + " selects " + n +
+                   " GPUs, but strategy none trains on one device, so all but the first would sit idle; use "
+                   "strategy dp (one process driving the " + n + " GPUs) or ddp (one process per GPU: ringrun "
+                   "--nproc-per-node " + n + "), or select one GPU (devices=1)");
+}
+
 DeviceSelection parse_device_list(const std::vector<int>& indices, int available_gpus) {
   DeviceSelection selection;
   std::set<int> seen;

@@ -64,6 +64,10 @@ int ddp_device_for_local_rank(const DeviceSelection& selection, int local_rank, 
 // Throws SlurmError naming the launches that fit.
 void check_ddp2_devices(const DeviceSelection& selection, int local_processes, int gpus_per_task = 0,
                         int visible_gpus = 0);
+// strategy none (one process, one device): a selection of more than one GPU is refused,
+// as Lightning's single-device strategy refuses it (the others would sit idle while the
+// run looked like it used them). Throws SlurmError naming the strategies that use them.
+void check_single_device_strategy(const DeviceSelection& selection);
 // An explicit index list (Lightning's gpus=[0, 1]); empty: CPU.
 DeviceSelection parse_device_list(const std::vector<int>& indices, int available_gpus);
 

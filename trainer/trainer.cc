@@ -368,6 +368,7 @@ FitResult Trainer::run_fit(TrainingModule& module, std::shared_ptr<const data::D
       if (strategy == Strategy::kDdp2)
         slurm::check_ddp2_devices(selection, env.world_size > 0 ? env.local_world_size : 1, env.gpus_per_task,
                                   cuda::device_count());
+      if (strategy == Strategy::kNone) slurm::check_single_device_strategy(selection);
       for (int i : selection.cuda_devices) dp_devices.push_back(Device::cuda(i));
       device = dp_devices.front();
     }

@@ -245,6 +245,18 @@ TEST(DeviceParser, Ddp2NeedsOneProcessPerNodeOrGpusOfItsOwn) {
             "no error");  // --gpu-bind=none: the node's 4 GPUs, shared
 }
 
+// strategy none trained on the first of several selected GPUs, silently leaving the others idle.
+TEST(DeviceParser, StrategyNoneRefusesMoreThanOneGpu) {
+  const std::string two = error_of([] { check_single_device_strategy(parse_devices("2", 4)); });
+  EXPECT_NE(two.find("devices=cuda:0,1 selects 2 GPUs, but strategy none trains on one device"), std::string::npos)
+      << two;
+  EXPECT_NE(two.find("strategy dp"), std::string::npos) << two;
+  EXPECT_NE(two.find("--nproc-per-node 2"), std::string::npos) << two;
+  EXPECT_NE(two.find("devices=1"), std::string::npos) << two;
+  EXPECT_EQ(error_of([] { check_single_device_strategy(parse_devices("1", 4)); }), "no error");
+  EXPECT_EQ(error_of([] { check_single_device_strategy(parse_devices("cpu", 4)); }), "no error");
+}
+
 TEST(DeviceParser, MalformedGpusPerTaskIsNamed) {
   for (const char* bad : {"x", "gpu:", "0", "1,x", "2,"}) {
     const std::string error = error_of([&] { detect_cluster_environment(srun_gpu_task(0, 1, bad)); });
