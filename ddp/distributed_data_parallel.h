@@ -57,8 +57,10 @@ class DistributedDataParallel {
 
   // Inside a NoSyncGuard's scope, backward only accumulates gradients locally; the
   // first backward after the scope reduces the accumulated sum (gradient
-  // accumulation over several micro-batches).
-  class NoSyncGuard {
+  // accumulation over several micro-batches). PyTorch's `with ddp.no_sync():` is
+  // `{ auto guard = ddp.no_sync(); ... }`; a guard not kept in a variable would end at
+  // once, so discarding it is a compiler warning (nodiscard).
+  class [[nodiscard]] NoSyncGuard {
    public:
     explicit NoSyncGuard(DistributedDataParallel& ddp) : ddp_(ddp), previous_(ddp.sync_) { ddp_.sync_ = false; }
     ~NoSyncGuard() { ddp_.sync_ = previous_; }
@@ -69,6 +71,7 @@ class DistributedDataParallel {
     DistributedDataParallel& ddp_;
     bool previous_;
   };
+  [[nodiscard("the guard ends no_sync() when it is destroyed: keep it, auto guard = ddp.no_sync();")]]
   NoSyncGuard no_sync() { return NoSyncGuard(*this); }
 
   void register_comm_hook(CommHook hook) { reducer_->register_comm_hook(std::move(hook)); }
