@@ -111,10 +111,18 @@ void ProcessGroup::stop() {
 void ProcessGroup::wait_for_survivors(const std::string& key) {
   constexpr auto kFailureGrace = std::chrono::seconds(5);
   constexpr auto kShutdownGrace = std::chrono::seconds(60);
+  // The scan below asks about every rank (about 2 requests each): every 250 ms, while
+  // the count is asked every 20 ms, so a large world's rank 0 does not flood its own
+  // store while the others are checking out.
+  constexpr auto kScanEvery = std::chrono::milliseconds(250);
   const Deadline deadline = Clock::now() + (failed_ ? kFailureGrace : kShutdownGrace);
-  while (Clock::now() < deadline) {
+  Deadline next_scan = Clock::now();
+  for (;; std::this_thread::sleep_for(std::chrono::milliseconds(20))) {
+    if (Clock::now() >= deadline) return;
     // the usual end, one request: everyone has checked out
     if (context_.store->add(key, 0) >= context_.size) return;
+    if (Clock::now() < next_scan) continue;
+    next_scan = Clock::now() + kScanEvery;
     // ranks known to be gone: named dead by a peer, or dead of an uncaught exception
     std::vector<bool> gone(context_.size, false);
     for (int r = 0; r < context_.size; ++r) {
@@ -140,7 +148,6 @@ void ProcessGroup::wait_for_survivors(const std::string& key) {
       everyone = gone[r] || context_.store->try_get(detail::concat(key, "/", r)).has_value();
     }
     if (everyone) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }
 
