@@ -70,6 +70,13 @@ if(RINGTRAIN_BUILD_TESTS)
       EXPECT "memcpy bandwidth .rank 0, 64 MiB, same run.: [0-9.]+ GB/s, copies #wrong 0.*after the sweep: [0-9.]+ GB/s .before: [0-9.]+.. copies #wrong 0 .both..*total #wrong: 0"
       COMMAND $<TARGET_FILE:comm_sweep> --max-bytes 64 --warmup 0 --iters 1)
   set_tests_properties(bench.comm_sweep.memcpy_checked PROPERTIES LABELS bench-smoke TIMEOUT 60)
+  # Above 16 MiB fewer repetitions, never more than --iters (--iters 2 used to run 5 there);
+  # each row's JSON says how many.
+  set(sweep_reps_json ${CMAKE_CURRENT_BINARY_DIR}/comm_sweep_reps.json)
+  ringtrain_add_checked_test(bench.comm_sweep.large_sizes_take_no_more_than_iters
+      EXPECT "reps.: 2,,[ ]*.reps.: 2,"
+      COMMAND sh -c "$<TARGET_FILE:comm_sweep> --min-bytes 16M --max-bytes 32M --iters 2 --warmup 0 --json ${sweep_reps_json} >/dev/null && grep reps ${sweep_reps_json} | paste -sd,")
+  set_tests_properties(bench.comm_sweep.large_sizes_take_no_more_than_iters PROPERTIES LABELS bench-smoke TIMEOUT 60)
   # The plot's legend names the MPI library of the run it draws (it said "Open MPI 4.1.4"
   # whatever had run): the labels from made-up sweeps, then from a real sweep's JSON.
   add_test(NAME bench.plot_allreduce.legend_names_each_runs_mpi

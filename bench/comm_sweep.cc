@@ -112,7 +112,9 @@ int run(int argc, char** argv, std::shared_ptr<ProcessGroup>& pg) {
   app.add_option("--warmup", warmup, "untimed repetitions per size")
       ->check(CLI::Range(0, std::numeric_limits<int>::max()))
       ->capture_default_str();
-  app.add_option("--iters", iters, "timed repetitions per size (fewer above 16 MiB, at least 5)")
+  app.add_option("--iters", iters,
+                 "timed repetitions per size; above 16 MiB fewer (the bytes of --iters at 16 MiB), but at least "
+                 "5, never more than --iters")
       ->check(CLI::Range(1, std::numeric_limits<int>::max()))
       ->capture_default_str();
   app.add_flag("!--no-mpi", mpi_reference, "skip the MPI_Allreduce reference");
@@ -312,9 +314,12 @@ int run(int argc, char** argv, std::shared_ptr<ProcessGroup>& pg) {
 
   for (uint64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
     const size_t count = bytes / sizeof(float);
-    // Above 16 MiB, fewer repetitions (the same bytes as iters at 16 MiB), at least 5.
+    // Above 16 MiB, fewer repetitions (the same bytes as iters at 16 MiB), at least 5,
+    // but never more than --iters (with --iters 3 they used to become 5).
     const size_t kLarge = size_t{16} << 20;
-    const int reps = bytes > kLarge ? std::max(5, static_cast<int>(static_cast<size_t>(iters) * kLarge / bytes)) : iters;
+    const int reps = bytes > kLarge
+                         ? std::min(iters, std::max(5, static_cast<int>(static_cast<size_t>(iters) * kLarge / bytes)))
+                         : iters;
     // One repetition of one implementation: restore the input (untimed), line the
     // ranks up, time the call, check every element.
     struct Samples {
@@ -398,7 +403,7 @@ int run(int argc, char** argv, std::shared_ptr<ProcessGroup>& pg) {
       std::printf("\n");
       std::fflush(stdout);
       nlohmann::json row{{"bytes", bytes}, {"time_us", ours.time_us}, {"busbw", ours.busbw},
-                         {"algbw", ours.algbw}, {"wrong", ours.wrong}};
+                         {"algbw", ours.algbw}, {"wrong", ours.wrong}, {"reps", reps}};
       if (mpi_reference) {
         row["mpi_time_us"] = mpi.time_us;
         row["mpi_busbw"] = mpi.busbw;
