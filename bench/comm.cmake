@@ -77,6 +77,14 @@ if(RINGTRAIN_BUILD_TESTS)
       EXPECT "reps.: 2,,[ ]*.reps.: 2,"
       COMMAND sh -c "$<TARGET_FILE:comm_sweep> --min-bytes 16M --max-bytes 32M --iters 2 --warmup 0 --json ${sweep_reps_json} >/dev/null && grep reps ${sweep_reps_json} | paste -sd,")
   set_tests_properties(bench.comm_sweep.large_sizes_take_no_more_than_iters PROPERTIES LABELS bench-smoke TIMEOUT 60)
+  # One rank beside MPI: its busbw is 0, and the ratio column used to print -nan.
+  if(MPIEXEC_EXECUTABLE)
+    ringtrain_add_checked_test(bench.comm_sweep.one_rank_ratio_is_a_number
+        EXPECT "  64 +16 +float +sum [|].*[|] +[0-9]+[.][0-9][0-9]\n" FORBID "nan"
+        COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe -np 1 $<TARGET_FILE:comm_sweep>
+                --max-bytes 64 --warmup 0 --iters 2)
+    set_tests_properties(bench.comm_sweep.one_rank_ratio_is_a_number PROPERTIES LABELS bench-smoke TIMEOUT 60)
+  endif()
   # The plot's legend names the MPI library of the run it draws (it said "Open MPI 4.1.4"
   # whatever had run): the labels from made-up sweeps, then from a real sweep's JSON.
   add_test(NAME bench.plot_allreduce.legend_names_each_runs_mpi
