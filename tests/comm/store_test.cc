@@ -86,16 +86,8 @@ class RawClient {
     EXPECT_TRUE(ask({{"op", "hello"}, {"token", token}}).value("ok", false));
   }
   nlohmann::json ask(const nlohmann::json& message) {
-    std::vector<uint8_t> body = nlohmann::json::to_msgpack(message);
-    const uint32_t length = static_cast<uint32_t>(body.size());
-    uint8_t header[4] = {static_cast<uint8_t>(length), static_cast<uint8_t>(length >> 8),
-                         static_cast<uint8_t>(length >> 16), static_cast<uint8_t>(length >> 24)};
-    socket_.send_all(header, 4, Clock::now() + 2s);
-    socket_.send_all(body.data(), body.size(), Clock::now() + 2s);
-    socket_.recv_all(header, 4, Clock::now() + 2s);
-    std::vector<uint8_t> reply(header[0] | (header[1] << 8) | (header[2] << 16) | (header[3] << 24));
-    socket_.recv_all(reply.data(), reply.size(), Clock::now() + 2s);
-    return nlohmann::json::from_msgpack(reply);
+    const std::vector<uint8_t> body = nlohmann::json::to_msgpack(message);
+    return ask_bytes(std::string(body.begin(), body.end()));
   }
   // The same with a body of raw bytes (what to_msgpack could not make, or would
   // overflow this thread's stack making).
