@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <iostream>
@@ -322,7 +323,10 @@ void StoreServer::serve(uint64_t client_id) {
         data_[key] = string_value(message.at("value"));
         changed_.notify_all();
       } else if (op == "get") {
-        auto timeout = std::chrono::milliseconds(message.at("timeout_ms").get<int64_t>());
+        // Clamped to a year: wait_for adds the timeout to now in nanoseconds, and a huge one
+        // (INT64_MAX ms) overflowed into the past, so the get answered "not found" at once.
+        constexpr int64_t kLongestGetMs = int64_t{365} * 24 * 3600 * 1000;
+        auto timeout = std::chrono::milliseconds(std::clamp<int64_t>(message.at("timeout_ms").get<int64_t>(), 0, kLongestGetMs));
         bool found = changed_.wait_for(lock, timeout, [&] {
           return stopping_ || data_.count(key) > 0;
         });

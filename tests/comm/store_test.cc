@@ -167,6 +167,22 @@ TEST(Store, MistakesAreErrorsThatNeitherBreakTheConnectionNorCarryOutTheWill) {
   EXPECT_FALSE(observer.try_get("list/count").has_value());
 }
 
+// A get whose timeout is too large to add to the clock (INT64_MAX ms) waits for the key like
+// any long get; it overflowed into the past and answered "not found" at once.
+TEST(Store, AGetWithAHugeTimeoutWaitsForTheKey) {
+  StoreServer server("127.0.0.1", 0, "t");
+  Store setter("127.0.0.1", server.port(), "t");
+  RawClient client(server.port(), "t");
+  std::thread later([&] {
+    std::this_thread::sleep_for(300ms);
+    setter.set("late", "here");
+  });
+  const nlohmann::json reply =
+      client.ask({{"op", "get"}, {"key", "late"}, {"timeout_ms", std::numeric_limits<int64_t>::max()}});
+  later.join();
+  EXPECT_TRUE(reply.contains("value")) << reply.dump();
+}
+
 TEST(Store, LastWillIsDroppedWhenTheStoreIsDestroyed) {
   StoreServer server("127.0.0.1", 0, "t");
   Store observer("127.0.0.1", server.port(), "t");
