@@ -28,6 +28,14 @@ if(TARGET mlp_step)
     ringtrain_bench_expect_range_errors(bench.mlp_step
         CASES rounds:0:1 steps:0:1 width:0:1 hidden:-1:0 warmup:-1:0
         COMMAND $<TARGET_FILE:mlp_step> --no-torch --in-features 8 --batch 4 --check-steps 1)
+    # a learning rate that cannot train (NaN, inf, <= 0) names the option; NaN used to run
+    # and end in "wrong" losses (exit 2)
+    foreach(bad_lr nan inf 0)
+      ringtrain_bench_expect_error(bench.mlp_step.lr_${bad_lr}_refused
+                                   EXPECT "--lr: must be > 0, got ${bad_lr}"
+                                   FORBID "median ms/step"
+                                   COMMAND $<TARGET_FILE:mlp_step> ${mlp_small} --lr ${bad_lr})
+    endforeach()
     ringtrain_bench_expect_error(bench.mlp_step.json_unwritable
                                  EXPECT "mlp_step: cannot write --json ${CMAKE_CURRENT_BINARY_DIR}/no-such-dir/x.json: No such file or directory"
                                  FORBID "median ms/step"

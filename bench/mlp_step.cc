@@ -53,6 +53,7 @@
 
 #include "autograd/functions.h"
 #include "bench/bench_cli.h"
+#include "examples/example_cli.h"  // positive_real: the examples' --lr check (header only)
 #include "nn/layers.h"
 #include "nn/optim.h"
 #include "tensor/kernels.h"
@@ -299,7 +300,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--classes", classes, "output classes")->check(CLI::Range(int64_t{1}, kInt64Max))->capture_default_str();
   app.add_option("--batch", batch, "batch size")->check(CLI::Range(int64_t{1}, kInt64Max))->capture_default_str();
-  app.add_option("--lr", lr, "SGD learning rate")->capture_default_str();
+  app.add_option("--lr", lr, "SGD learning rate")->check(examples::positive_real())->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps before timing")->check(CLI::Range(0, kIntMax))->capture_default_str();
   app.add_option("--steps", steps, "steps per timed round")->check(CLI::Range(1, kIntMax))->capture_default_str();
   app.add_option("--rounds", rounds, "timed rounds (ours, then PyTorch, alternating)")
