@@ -35,14 +35,8 @@ int g_world_rank = -1;
 std::terminate_handler g_previous_terminate = nullptr;
 
 void publish_then_terminate() {
-  if (std::exception_ptr error = std::current_exception()) {
-    std::string what = "an exception not derived from std::exception";
-    try {
-      std::rethrow_exception(error);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
+  if (std::current_exception()) {  // an uncaught exception, not a bare std::terminate()
+    const std::string what = detail::current_exception_what();
     if (auto store = g_store.lock()) {
       publish_rank_error(*store, g_world_rank, "exception",
                          detail::concat("uncaught exception on rank ", g_world_rank, ": ", what));

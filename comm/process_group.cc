@@ -855,12 +855,11 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) {
   }
   if (!failure) return subgroup;
   if (subgroup) {
-    std::string why = "its parent group failed";
+    std::string why;
     try {
       std::rethrow_exception(failure);
-    } catch (const std::exception& e) {
-      why = e.what();
     } catch (...) {
+      why = detail::current_exception_what();
     }
     subgroup->abort(detail::concat("split #", split_index, " of its parent group was cut short (", why, ")"));
   }
