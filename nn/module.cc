@@ -71,16 +71,16 @@ size_t Module::register_child(const std::string& name, std::shared_ptr<Module> m
   // descendant) would make every recursive walk (parameters(), state_dict(), str(),
   // forward) recurse until the stack overflows, and the shared_ptrs would never be freed.
   // Sharing a submodule in two places is fine; only a path back to `this` is refused.
-  std::vector<const Module*> todo = {module.get()};
+  std::vector<const Module*> to_visit = {module.get()};
   std::unordered_set<const Module*> seen;
-  while (!todo.empty()) {
-    const Module* m = todo.back();
-    todo.pop_back();
+  while (!to_visit.empty()) {
+    const Module* m = to_visit.back();
+    to_visit.pop_back();
     RT_CHECK(m != this, type_name_, ": cannot register submodule '", name, "' (", module->type_name(), "): ",
              module.get() == this ? "it is this module itself" : "it contains this module",
              ", so the module tree would be a cycle; register a different module (or a clone())");
     if (!seen.insert(m).second) continue;
-    for (const auto& [child_name, child] : m->children_) todo.push_back(child.get());
+    for (const auto& [child_name, child] : m->children_) to_visit.push_back(child.get());
   }
   // The child keeps its train/eval flags (PyTorch's add_module leaves them alone too):
   // wrapping a model must not unfreeze a BatchNorm the user put in eval mode.
